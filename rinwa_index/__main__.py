@@ -1,0 +1,5 @@
+"""``python -m rinwa_index`` runs the command line."""
+
+from .cli import main
+
+main()
