@@ -55,6 +55,10 @@ class Config:
     retry_attempts: int = 3
     max_attempts: int = 8
     busy_timeout_ms: int = 5000
+    backoff_base_s: float = 5.0
+    backoff_cap_s: float = 3600.0
+    requeue_stale_s: float = 3600.0
+    cache_max_rows: int = 500_000
 
     @property
     def queue_file(self) -> Path:
@@ -62,6 +66,11 @@ class Config:
         if self.queue_path is not None:
             return self.queue_path
         return self.db_path.with_name(self.db_path.name + ".queue")
+
+    @property
+    def wake_file(self) -> Path:
+        """Touched by hosts after they record a change, so the worker sweeps at once."""
+        return self.db_path.with_name(self.db_path.name + ".wake")
 
     def replace(self, **changes: object) -> Config:
         """A copy with some fields changed."""

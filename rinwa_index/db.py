@@ -55,6 +55,7 @@ def connect(
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
+        register_functions(conn)
     except sqlite3.Error as exc:
         raise DatabaseError(
             f"Cannot open the database {path.name} ({exc}); check the path and its permissions."
@@ -71,6 +72,15 @@ def connect(
                 ) from exc
             raise DatabaseError(f"Cannot prepare the database {path.name}: {exc}.") from exc
     return conn
+
+
+def register_functions(conn: sqlite3.Connection) -> None:
+    """SQL functions the library's queries use: ``rinwa_source_key(content,
+    content_hash, source_content, source_content_hash)`` is the canonical source
+    selector's ``kind:hash`` (so SQL and Python can never disagree about it)."""
+    from .source import source_key
+
+    conn.create_function("rinwa_source_key", 4, source_key, deterministic=True)
 
 
 @contextmanager
@@ -201,10 +211,15 @@ def m005_create_index_outbox(conn: sqlite3.Connection) -> None:
             attempts        INTEGER NOT NULL DEFAULT 0,
             next_attempt_at REAL NOT NULL DEFAULT 0,
             last_error      TEXT,
-            failed          INTEGER NOT NULL DEFAULT 0
+            failed          INTEGER NOT NULL DEFAULT 0,
+            priority        INTEGER NOT NULL DEFAULT 10,
+            queued          INTEGER NOT NULL DEFAULT 0,
+            queued_at       REAL NOT NULL DEFAULT 0
         )"""
     )
-    conn.execute("CREATE INDEX idx_index_outbox_due ON index_outbox(failed, next_attempt_at)")
+    conn.execute(
+        "CREATE INDEX idx_index_outbox_due ON index_outbox(failed, queued, next_attempt_at)"
+    )
 
 
 def m006_create_embedding_settings(conn: sqlite3.Connection) -> None:
@@ -232,6 +247,27 @@ def m007_create_index_signatures(conn: sqlite3.Connection) -> None:
     )
 
 
+def m008_create_item_index_state(conn: sqlite3.Connection) -> None:
+    """What each item was last indexed from: source, signature, whether it has vectors.
+
+    Written in the same transaction as the item's chunks. It makes an item with
+    no text (zero chunks) current too, and lets the sweep find stale items with
+    one join instead of scanning chunks.
+    """
+    fk = "REFERENCES items(id) ON DELETE CASCADE" if _items_is_table(conn) else ""
+    conn.execute(
+        f"""CREATE TABLE item_index_state (
+            item_id     INTEGER PRIMARY KEY {fk},
+            source_kind TEXT NOT NULL,
+            source_hash TEXT NOT NULL,
+            signature   TEXT NOT NULL,
+            dense       INTEGER NOT NULL DEFAULT 0,
+            chunks      INTEGER NOT NULL DEFAULT 0,
+            indexed_at  REAL NOT NULL
+        )"""
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_items,
     m002_create_item_chunks,
@@ -240,6 +276,7 @@ MIGRATIONS: list[Migration] = [
     m005_create_index_outbox,
     m006_create_embedding_settings,
     m007_create_index_signatures,
+    m008_create_item_index_state,
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from pathlib import Path
 
 from .config import ChunkParams
 from .db import atomic, utcnow
@@ -27,6 +28,7 @@ DERIVED_TABLES: tuple[str, ...] = (
     "embedding_cache",
     "index_outbox",
     "index_signatures",
+    "item_index_state",
 )
 
 
@@ -59,6 +61,7 @@ def update_settings(
     enabled: bool | None = None,
     model: str | None = None,
     provider: str | None = None,
+    model_dir: Path | None = None,
 ) -> EmbeddingSettings:
     """Change some settings atomically and return the result."""
     if provider is not None and provider not in PROVIDERS:
@@ -68,7 +71,7 @@ def update_settings(
         )
     with atomic(conn):
         current = get_settings(conn)
-        manifest = get_manifest(model or current.model)
+        manifest = get_manifest(model or current.model, model_dir)
         conn.execute(
             """INSERT INTO embedding_settings (id, provider, model, model_revision, enabled, updated_at)
                VALUES (1, 'local', ?, ?, ?, ?)
@@ -85,10 +88,13 @@ def update_settings(
         return get_settings(conn)
 
 
-def active_signature(conn: sqlite3.Connection, chunk: ChunkParams) -> Signature:
+def active_signature(
+    conn: sqlite3.Connection, chunk: ChunkParams, model_dir: Path | None = None
+) -> Signature:
     """The signature of the configured model, recorded in ``index_signatures``."""
     settings = get_settings(conn)
-    signature = build_signature(get_manifest(settings.model), chunk, settings.provider)
+    manifest = get_manifest(settings.model, model_dir)
+    signature = build_signature(manifest, chunk, settings.provider)
     record_signature(conn, signature)
     return signature
 

@@ -50,6 +50,23 @@ def select_source(
     return Source(item_id, "feed", feed, content_hash or text_hash(feed))
 
 
+def source_key(
+    content: object, content_hash: object, source_content: object, source_content_hash: object
+) -> str:
+    """``kind:hash`` of the selected source, for SQL (registered as ``rinwa_source_key``)."""
+    chosen = select_source(
+        0, _as_text(content), _as_text(content_hash),
+        _as_text(source_content), _as_text(source_content_hash),
+    )  # fmt: skip
+    return f"{chosen.kind}:{chosen.hash}"
+
+
+#: The selector as SQL over an ``items`` row aliased ``i``.
+SOURCE_KEY_SQL = (
+    "rinwa_source_key(i.content, i.content_hash, i.source_content, i.source_content_hash)"
+)
+
+
 def read_source(conn: sqlite3.Connection, item_id: int) -> Source | None:
     """The current source of ``item_id``, or None when the item does not exist."""
     row = conn.execute(

@@ -59,5 +59,7 @@ def test_backup_lists_keep_settings_and_exclude_derived(db: sqlite3.Connection) 
 
 def test_active_signature_is_recorded(db: sqlite3.Connection) -> None:
     signature = active_signature(db, ChunkParams())
-    row = db.execute("SELECT json FROM index_signatures WHERE signature = ?", (signature.hash,)).fetchone()
+    row = db.execute(
+        "SELECT json FROM index_signatures WHERE signature = ?", (signature.hash,)
+    ).fetchone()
     assert row[0] == signature.canonical_json()

@@ -1,0 +1,330 @@
+"""Index one item: select → chunk → reuse cached vectors → embed the rest → recheck → swap.
+
+The expensive part (embedding) runs outside any transaction, in bounded
+batches, asking ``should_stop`` between batches. Then one ``BEGIN IMMEDIATE``
+transaction re-reads the item's source and the active settings: if anything
+changed, nothing is written and the item is released for another pass;
+otherwise the item's chunk rows, FTS rows, cache rows and state row are
+replaced and its outbox row deleted, all at once. Until that commit the
+previous index stays visible, and any failure leaves it intact.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from . import codec, fts, outbox
+from .config import Config
+from .db import atomic, utcnow
+from .errors import ModelError, RinwaError
+from .models import Manifest, get_manifest
+from .settings import get_settings
+from .signature import Signature, build_signature
+from .source import Source, read_source, text_hash
+
+if TYPE_CHECKING:
+    from .chunking import Chunk, Chunker
+    from .embedder import Embedder
+
+Outcome = Literal["indexed", "skipped", "deleted", "requeued"]
+
+
+class Cancelled(RinwaError):
+    """The job stopped between batches: the worker is stopping or settings changed."""
+
+
+@dataclass(frozen=True)
+class IndexResult:
+    """What one job did, for logs, tests and benchmarks."""
+
+    item_id: int
+    outcome: Outcome
+    chunks: int = 0
+    embedded: int = 0
+    reused: int = 0
+    ms: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The inputs a job read before its slow part; the recheck compares them."""
+
+    source: Source
+    manifest: Manifest
+    signature: Signature
+    dense: bool
+    seq: int | None
+
+
+@dataclass
+class Indexer:
+    """Indexes items of one database; keeps one chunker per signature.
+
+    ``embedder_for(manifest)`` supplies the embedding runtime for the active
+    model (the worker loads it once); with dense search off it is never called.
+    """
+
+    conn: sqlite3.Connection
+    config: Config
+    embedder_for: Callable[[Manifest], Embedder] | None = None
+    should_stop: Callable[[], bool] = lambda: False
+    #: Fault-injection seam: called inside the swap transaction, before the writes.
+    in_swap: Callable[[int], None] | None = None
+    _chunkers: dict[str, Chunker] = field(default_factory=dict)  # cache: one per signature
+
+    def plan(self, item_id: int) -> Plan | None:
+        """Read the source, the active signature and the outbox seq (None: item gone)."""
+        source = read_source(self.conn, item_id)
+        if source is None:
+            return None
+        settings = get_settings(self.conn)
+        manifest = get_manifest(settings.model, self.config.model_dir)
+        signature = build_signature(manifest, self.config.chunk)
+        seq = outbox.outbox_seq(self.conn, item_id)
+        return Plan(source, manifest, signature, settings.enabled, seq)
+
+    def index_item(self, item_id: int) -> IndexResult:
+        """Make ``item_id`` current, or report why not; raises on failures."""
+        start = time.perf_counter()
+        plan = self.plan(item_id)
+        if plan is None:
+            return self._delete(item_id, start)
+        if self._is_current(plan):
+            with atomic(self.conn):
+                outbox.complete(self.conn, item_id, plan.seq)
+            return IndexResult(item_id, "skipped", ms=_ms(start), reason="current")
+        chunks = self._chunker(plan).chunk(plan.source.text)
+        vectors, embedded, reused = self._vectors(plan, chunks)
+        if not self._swap(plan, chunks, vectors, embedded):
+            outbox.release(self.conn, item_id, now=time.time())
+            return IndexResult(item_id, "requeued", ms=_ms(start), reason="changed")
+        return IndexResult(item_id, "indexed", len(chunks), len(embedded), reused, _ms(start))
+
+    # --- reading -------------------------------------------------------------
+
+    def _is_current(self, plan: Plan) -> bool:
+        row = self.conn.execute(
+            "SELECT source_kind, source_hash, signature, dense FROM item_index_state"
+            " WHERE item_id = ?",
+            (plan.source.item_id,),
+        ).fetchone()
+        return row is not None and tuple(row) == (
+            plan.source.kind,
+            plan.source.hash,
+            plan.signature.hash,
+            int(plan.dense),
+        )
+
+    def _chunker(self, plan: Plan) -> Chunker:
+        from .chunking import chunker_for
+
+        key = plan.signature.hash
+        if key not in self._chunkers:
+            self._chunkers[key] = chunker_for(
+                plan.manifest, self.config.chunk, self.config.model_dir
+            )
+        return self._chunkers[key]
+
+    def _cached(self, signature: str, hashes: Sequence[str], dim: int) -> dict[str, bytes]:
+        """Valid cached vectors by text hash (a malformed cache row is re-embedded)."""
+        found: dict[str, bytes] = {}
+        unique = sorted(set(hashes))
+        for start in range(0, len(unique), 500):
+            part = unique[start : start + 500]
+            marks = ",".join("?" * len(part))
+            for digest, blob in self.conn.execute(
+                f"SELECT text_hash, embedding FROM embedding_cache"
+                f" WHERE signature = ? AND text_hash IN ({marks})",
+                (signature, *part),
+            ):
+                try:
+                    codec.decode(blob, dim)
+                except RinwaError:
+                    continue
+                found[digest] = bytes(blob)
+        return found
+
+    # --- embedding (outside any transaction) ---------------------------------
+
+    def _vectors(
+        self, plan: Plan, chunks: list[Chunk]
+    ) -> tuple[list[bytes | None], dict[str, bytes], int]:
+        """One BLOB per chunk (None with dense off), the newly embedded ones, reuse count."""
+        if not plan.dense or not chunks:
+            return [None] * len(chunks), {}, 0
+        hashes = [text_hash(c.text) for c in chunks]
+        dim = plan.signature.dim
+        cached = self._cached(plan.signature.hash, hashes, dim)
+        missing = {h: c for h, c in zip(hashes, chunks, strict=True) if h not in cached}
+        embedded = self._embed(plan, list(missing.items()))
+        blobs = {**cached, **embedded}
+        return [blobs[h] for h in hashes], embedded, len(chunks) - len(missing)
+
+    def _embed(self, plan: Plan, todo: list[tuple[str, Chunk]]) -> dict[str, bytes]:
+        if not todo:
+            return {}
+        if self.embedder_for is None:
+            raise ModelError("Dense search is on but this indexer has no embedding model.")
+        embedder = self.embedder_for(plan.manifest)
+        out: dict[str, bytes] = {}
+        size = min(plan.manifest.batch_size, self.config.embed_batch_size)
+        budget = min(plan.manifest.batch_tokens, self.config.embed_batch_tokens)
+        for batch in _batches(todo, size, budget):
+            self._check_still_wanted(plan)
+            vectors = embedder.embed_documents([c.text for _, c in batch])
+            for (digest, _), vector in zip(batch, vectors, strict=True):
+                out[digest] = codec.encode(vector, plan.signature.dim)
+        return out
+
+    def _check_still_wanted(self, plan: Plan) -> None:
+        """Between batches: stop for a worker shutdown or a settings change."""
+        if self.should_stop():
+            raise Cancelled("The worker is stopping; the item stays in the outbox.")
+        settings = get_settings(self.conn)
+        if not settings.enabled or settings.model != plan.manifest.name:
+            raise Cancelled("Dense settings changed while embedding; results discarded.")
+
+    # --- the swap ------------------------------------------------------------
+
+    def _swap(
+        self,
+        plan: Plan,
+        chunks: list[Chunk],
+        vectors: list[bytes | None],
+        embedded: dict[str, bytes],
+    ) -> bool:
+        """Recheck fingerprints and replace the item's rows in one transaction."""
+        item_id = plan.source.item_id
+        with atomic(self.conn):
+            current = self.plan(item_id)
+            if current is None or (current.source, current.signature.hash, current.dense) != (
+                plan.source,
+                plan.signature.hash,
+                plan.dense,
+            ):
+                return False
+            if self.in_swap is not None:
+                self.in_swap(item_id)
+            self.conn.execute("DELETE FROM item_chunks WHERE item_id = ?", (item_id,))
+            self._insert_chunks(plan, chunks, vectors)
+            self._store_cache(plan, embedded, vectors)
+            self._store_state(plan, len(chunks))
+            outbox.complete(self.conn, item_id, plan.seq)
+        return True
+
+    def _insert_chunks(self, plan: Plan, chunks: list[Chunk], vectors: list[bytes | None]) -> None:
+        from .chunking import chunk_key
+
+        source, signature, created = plan.source, plan.signature, utcnow()
+        for chunk, blob in zip(chunks, vectors, strict=True):
+            cursor = self.conn.execute(
+                """INSERT INTO item_chunks (chunk_key, item_id, ord, text, text_hash,
+                     token_count, source_kind, source_hash, index_signature, paragraph_start,
+                     paragraph_end, char_start, char_end, heading_path_json, embedding, dim,
+                     created_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (
+                    chunk_key(source.item_id, source.kind, source.hash, signature.hash, chunk.ord),
+                    source.item_id, chunk.ord, chunk.text, text_hash(chunk.text),
+                    chunk.token_count, source.kind, source.hash, signature.hash,
+                    chunk.paragraph_start, chunk.paragraph_end, chunk.char_start, chunk.char_end,
+                    json.dumps(list(chunk.heading_path), ensure_ascii=False), blob,
+                    signature.dim if blob is not None else 0, created,
+                ),
+            )  # fmt: skip
+            self.conn.execute(
+                "INSERT INTO chunks_fts (rowid, body) VALUES (?, ?)",
+                (cursor.lastrowid, fts.index_text(chunk.text)),
+            )
+
+    def _store_cache(
+        self, plan: Plan, embedded: dict[str, bytes], vectors: list[bytes | None]
+    ) -> None:
+        now, created, signature = time.time(), utcnow(), plan.signature
+        self.conn.executemany(
+            """INSERT OR REPLACE INTO embedding_cache
+               (text_hash, signature, embedding, dim, created_at, last_used_at)
+               VALUES (?, ?, ?, ?, ?, ?)""",
+            [(h, signature.hash, b, signature.dim, created, now) for h, b in embedded.items()],
+        )
+        if any(v is not None for v in vectors):
+            self.conn.execute(
+                """UPDATE embedding_cache SET last_used_at = ?
+                   WHERE signature = ? AND text_hash IN
+                     (SELECT text_hash FROM item_chunks WHERE item_id = ?)""",
+                (now, signature.hash, plan.source.item_id),
+            )
+
+    def _store_state(self, plan: Plan, count: int) -> None:
+        self.conn.execute(
+            """INSERT OR REPLACE INTO item_index_state
+               (item_id, source_kind, source_hash, signature, dense, chunks, indexed_at)
+               VALUES (?, ?, ?, ?, ?, ?, ?)""",
+            (
+                plan.source.item_id, plan.source.kind, plan.source.hash, plan.signature.hash,
+                int(plan.dense), count, time.time(),
+            ),
+        )  # fmt: skip
+
+    def _delete(self, item_id: int, start: float) -> IndexResult:
+        """The item is gone: drop its chunks, FTS rows (trigger), state and outbox row."""
+        with atomic(self.conn):
+            if read_source(self.conn, item_id) is not None:  # re-created meanwhile
+                outbox.complete(self.conn, item_id, None)
+                return IndexResult(item_id, "requeued", ms=_ms(start), reason="recreated")
+            removed = self.conn.execute(
+                "DELETE FROM item_chunks WHERE item_id = ?", (item_id,)
+            ).rowcount
+            self.conn.execute("DELETE FROM item_index_state WHERE item_id = ?", (item_id,))
+            self.conn.execute("DELETE FROM index_outbox WHERE item_id = ?", (item_id,))
+        return IndexResult(item_id, "deleted", chunks=removed, ms=_ms(start))
+
+
+def collect_garbage(conn: sqlite3.Connection, max_rows: int) -> int:
+    """Bound the vector cache: drop the least recently used rows beyond ``max_rows``."""
+    total = conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]
+    if total <= max_rows:
+        return 0
+    with atomic(conn):
+        return conn.execute(
+            """DELETE FROM embedding_cache WHERE (text_hash, signature) IN (
+                 SELECT text_hash, signature FROM embedding_cache
+                 ORDER BY last_used_at LIMIT ?)""",
+            (total - max_rows,),
+        ).rowcount
+
+
+def index_item(
+    conn: sqlite3.Connection, item_id: int, *, config: Config, embedder: Embedder | None = None
+) -> IndexResult:
+    """Index one item now (tests, tools); the worker uses a long-lived :class:`Indexer`."""
+    provider = None if embedder is None else (lambda _manifest: embedder)
+    return Indexer(conn, config, embedder_for=provider).index_item(item_id)
+
+
+def _batches(
+    todo: list[tuple[str, Chunk]], size: int, token_budget: int
+) -> list[list[tuple[str, Chunk]]]:
+    """Length-sorted batches bounded by count and by padded tokens (count × longest)."""
+    ordered = sorted(todo, key=lambda pair: pair[1].token_count)
+    batches: list[list[tuple[str, Chunk]]] = []
+    current: list[tuple[str, Chunk]] = []
+    for pair in ordered:
+        longest = max(pair[1].token_count, 1)
+        if current and (len(current) >= size or longest * (len(current) + 1) > token_budget):
+            batches.append(current)
+            current = []
+        current.append(pair)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _ms(start: float) -> int:
+    return int((time.perf_counter() - start) * 1000)

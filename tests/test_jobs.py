@@ -1,0 +1,113 @@
+"""The worker's job logic in-process: retries, parking, permanent failures, the sweep."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from rinwa_index import outbox
+from rinwa_index.config import Config
+from rinwa_index.embedder import FakeEmbedder
+from rinwa_index.errors import InputTooLongError
+from rinwa_index.models import MINILM
+from rinwa_index.settings import update_settings
+from workers.jobs import WorkerState, is_idle, is_transient, run_job, sweep
+
+
+class Flaky:
+    """An embedder that fails ``failures`` times, then works."""
+
+    def __init__(self, failures: int, error: Exception) -> None:
+        self.failures, self.error, self.calls = failures, error, 0
+        self.inner = FakeEmbedder(manifest=MINILM)
+
+    def on_batch(self, _batch: list[str]) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+
+
+def state_with(config: Config, flaky: Flaky, sleeps: list[float]) -> WorkerState:
+    flaky.inner.on_batch = flaky.on_batch
+    return WorkerState(
+        config,
+        sleep=sleeps.append,
+        now=lambda: 1000.0,
+        rng=lambda: 0.5,
+        embedder_loader=lambda _m, _c: flaky.inner,
+    )
+
+
+@pytest.fixture
+def dense_item(db: sqlite3.Connection) -> sqlite3.Connection:
+    update_settings(db, enabled=True)
+    db.execute("INSERT INTO items (id, content) VALUES (1, 'A note about herons and egrets.')")
+    outbox.record_item_changed(db, 1)
+    return db
+
+
+def outbox_row(db: sqlite3.Connection) -> tuple[object, ...] | None:
+    row = db.execute(
+        "SELECT attempts, next_attempt_at, last_error, failed FROM index_outbox"
+    ).fetchone()
+    return None if row is None else tuple(row)
+
+
+def test_transient_errors_are_retried_with_backoff(
+    dense_item: sqlite3.Connection, config: Config
+) -> None:
+    sleeps: list[float] = []
+    flaky = Flaky(2, RuntimeError("onnx hiccup"))
+    result = run_job(state_with(config, flaky, sleeps), 1)
+    assert result is not None and result.outcome == "indexed"
+    assert len(sleeps) == 2 and all(0 <= s <= 5 for s in sleeps)
+    assert outbox_row(dense_item) is None
+
+
+def test_exhausted_retries_park_the_item(dense_item: sqlite3.Connection, config: Config) -> None:
+    sleeps: list[float] = []
+    flaky = Flaky(99, sqlite3.OperationalError("database is locked"))
+    assert run_job(state_with(config, flaky, sleeps), 1) is None
+    assert len(sleeps) == config.retry_attempts - 1
+    attempts, due, error, failed = outbox_row(dense_item)  # type: ignore[misc]
+    assert (attempts, error, failed) == (1, "OperationalError", 0)
+    assert due == 1000.0 + config.backoff_base_s * 2 * 0.5
+    assert outbox.claim_due(dense_item, limit=5, now=1000.0) == []
+
+
+def test_permanent_failure_is_recorded_not_looped(
+    dense_item: sqlite3.Connection, config: Config
+) -> None:
+    sleeps: list[float] = []
+    flaky = Flaky(99, InputTooLongError("too long"))
+    assert run_job(state_with(config, flaky, sleeps), 1) is None
+    assert sleeps == [] and flaky.calls == 1
+    assert outbox_row(dense_item)[2:] == ("InputTooLongError", 1)  # type: ignore[index]
+    assert outbox.claim_due(dense_item, limit=5, now=1e12) == []
+    assert is_idle(dense_item, now=1e12)
+
+
+def test_classification() -> None:
+    assert is_transient(sqlite3.OperationalError("database is locked"))
+    assert is_transient(RuntimeError("inference"))
+    assert not is_transient(InputTooLongError("x"))
+
+
+def test_sweep_enqueues_due_and_backfill_once(db: sqlite3.Connection, config: Config) -> None:
+    db.executemany("INSERT INTO items (id, content) VALUES (?, 'x')", [(i,) for i in range(1, 6)])
+    outbox.record_item_changed(db, 5)
+    first = sweep(db, config, queue_depth=0, now=10.0)
+    assert first.reconciled == 4
+    assert first.enqueued[0] == (5, outbox.PRIORITY_CHANGE)
+    assert {i for i, _ in first.enqueued} == {1, 2, 3, 4, 5}
+    again = sweep(db, config, queue_depth=5, now=11.0)
+    assert again.enqueued == [] and again.reconciled == 0
+
+
+def test_sweep_is_bounded_by_queue_depth(db: sqlite3.Connection, config: Config) -> None:
+    config = config.replace(sweep_batch=3, backfill_batch=2)
+    db.executemany("INSERT INTO items (id, content) VALUES (?, 'x')", [(i,) for i in range(1, 11)])
+    result = sweep(db, config, queue_depth=0, now=1.0)
+    assert result.reconciled == 2 and len(result.enqueued) == 2
+    assert sweep(db, config, queue_depth=2, now=2.0).reconciled == 0

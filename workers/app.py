@@ -1,0 +1,72 @@
+"""The Huey application the consumer runs: the queue and the task declarations.
+
+Run it with ``python -m workers`` (what ``rinwa-index worker`` and
+supervisord start). Configuration comes from ``RINWA_*`` variables: this is
+an entry point. Results are off: tasks report through logs and the outbox.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from huey import SqliteHuey, crontab
+
+from rinwa_index.config import Config
+
+from .jobs import ThreadStates, WorkerState, run_job, sweep
+
+CONFIG = Config.from_env(os.environ)
+
+huey = SqliteHuey(
+    "rinwa-index",
+    filename=str(CONFIG.queue_file),
+    results=False,
+    utc=True,
+    timeout=CONFIG.busy_timeout_ms / 1000,
+)
+
+#: Set by ``workers.__main__`` to the consumer's stop flag, so a job can
+#: abandon its batch when a stop signal arrives.
+STOP = threading.Event()
+
+
+
+def _fault_swap_delay() -> Callable[[int], None] | None:
+    """``RINWA_FAULT_SWAP_DELAY_S``: hold each swap transaction open that long, so the
+    restart tests can kill the worker inside it. Never set in production."""
+    delay = float(os.environ.get("RINWA_FAULT_SWAP_DELAY_S") or 0)
+    return (lambda _item_id: time.sleep(delay)) if delay > 0 else None
+
+
+states = ThreadStates(
+    lambda: WorkerState(CONFIG, should_stop=STOP.is_set, in_swap=_fault_swap_delay())
+)
+
+
+@huey.on_startup()
+def open_resources() -> None:
+    """The worker opens its connection and, with dense on, its model once, at start."""
+    states.get().warm()
+
+
+@huey.task()
+def index_item(item_id: int) -> None:
+    """Make one item current (or record why it could not be)."""
+    run_job(states.get(), int(item_id))
+
+
+@huey.periodic_task(crontab(minute="*"))
+def periodic_sweep() -> None:
+    """Once a minute, even if the sweeper thread is stuck: enqueue due and stale items."""
+    enqueue_sweep(states.get())
+
+
+def enqueue_sweep(state: WorkerState) -> int:
+    """Run a sweep and put each claimed item on the queue; return how many."""
+    result = sweep(state.conn, state.config, queue_depth=huey.pending_count(), now=state.now())
+    for item_id, priority in result.enqueued:
+        index_item(item_id, priority=priority)
+    return len(result.enqueued)
