@@ -124,14 +124,15 @@ def _chinese_sentence(rng: random.Random) -> str:
     return "，".join(clauses) + rng.choice(CHINESE_ENDS)
 
 
-def best_seconds(func: Callable[[], object], rounds: int) -> float:
-    """The fastest of ``rounds`` runs (least disturbed by other load)."""
-    best = float("inf")
+def best_seconds(funcs: list[Callable[[], object]], rounds: int) -> list[float]:
+    """The fastest of ``rounds`` runs of each function, interleaved so load swings hit all."""
+    best = [float("inf")] * len(funcs)
     for _ in range(rounds):
-        gc.collect()
-        started = time.perf_counter()
-        func()
-        best = min(best, time.perf_counter() - started)
+        for index, func in enumerate(funcs):
+            gc.collect()
+            started = time.perf_counter()
+            func()
+            best[index] = min(best[index], time.perf_counter() - started)
     return best
 
 
@@ -139,15 +140,17 @@ def throughput(chunker: Chunker, text: str, rounds: int) -> dict[str, float]:
     """Chunker and tokenizer MB/s on the same text, and their ratio."""
     paragraphs = [p for p in text.split("\n\n") if p.strip()]
     tokenizer = chunker.tokenizer
-    tok_s = best_seconds(
-        lambda: tokenizer.encode_batch(paragraphs, add_special_tokens=False), rounds
+    tok_s, chunk_s = best_seconds(
+        [
+            lambda: tokenizer.encode_batch(paragraphs, add_special_tokens=False),
+            lambda: chunker.chunk(text),
+        ],
+        rounds,
     )
-    chunk_s = best_seconds(lambda: chunker.chunk(text), rounds)
     mb = len(text) / 1e6
-    chunks = chunker.chunk(text)
     return {
         "mb": round(mb, 3),
-        "chunks": len(chunks),
+        "chunks": len(chunker.chunk(text)),
         "chunker_mb_s": round(mb / chunk_s, 3),
         "tokenizer_mb_s": round(mb / tok_s, 3),
         "ratio": round(tok_s / chunk_s, 3),

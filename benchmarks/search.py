@@ -233,6 +233,19 @@ def _refresh(index: Index, signature: str, rng: np.random.Generator) -> dict[str
             "full_reload_ms": round(full, 1)}  # fmt: skip
 
 
+class KeepOpen:
+    """The one real embedder, shared by every size's Index (which would close it)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.dim = inner, inner.dim
+
+    def embed_query(self, text: str) -> Any:
+        return self.inner.embed_query(text)
+
+    def close(self) -> None:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure each size, print a table, then the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -243,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(logging.WARNING)
     from rinwa_index.embedder import load
 
-    embedder = load(threads=2)
+    embedder = KeepOpen(load(threads=2))
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rinwa-search-bench-") as tmp:
         for size in (int(s) for s in args.sizes.split(",")):

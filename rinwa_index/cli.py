@@ -364,10 +364,12 @@ def search(
     dense skips keyword search (for evaluation).
     """
     import logging
+    from typing import cast
 
     from .errors import DatabaseError
     from .index import Index
     from .logs import configure_logging
+    from .search import Mode
 
     if (query is None) == (queries_file is None):
         raise click.UsageError("Give either QUERY or --queries FILE, not both or neither.")
@@ -382,7 +384,7 @@ def search(
             index.warm_up(wait=True, timeout=300)
         for query_id, text in lines:
             result = index.search(
-                text, item_id=item_id, limit=limit, deadline_ms=deadline_ms, mode=mode  # type: ignore[arg-type]
+                text, item_id=item_id, limit=limit, deadline_ms=deadline_ms, mode=cast(Mode, mode)
             )
             if queries_file is not None:
                 emit_json({"id": query_id, **result.as_json()})
@@ -412,6 +414,10 @@ def _print_results(result: Any, explain: bool) -> None:
     """Human-readable results: rank, item, score, a one-line excerpt."""
     skipped = f" (dense skipped: {result.reason})" if result.reason else ""
     click.echo(f"mode: {result.mode}{skipped}")
+    if explain and result.dense_weight is not None:
+        click.echo(f"dense weight {result.dense_weight:.2f} (sparse 1.00)")
+    if explain and result.malformed_vectors:
+        click.echo(f"{result.malformed_vectors} malformed vectors skipped")
     if not result.passages:
         click.echo("No matches.")
     for rank, p in enumerate(result.passages, start=1):

@@ -49,8 +49,9 @@ class Config:
     chunk: ChunkParams = ChunkParams()
     intra_op_threads: int = 2
     embed_batch_size: int = 16
-    embed_batch_tokens: int = 4096
+    embed_batch_tokens: int = 2048
     sweep_batch: int = 200
+    job_items: int = 8
     backfill_batch: int = 50
     retry_attempts: int = 3
     max_attempts: int = 8

@@ -141,9 +141,12 @@ class VectorMatrix:
         self._counts = dict(conn.execute("SELECT item_id, COUNT(*) FROM item_chunks GROUP BY 1"))
         self._total = sum(self._counts.values())
         self._max_id = conn.execute("SELECT COALESCE(MAX(id), 0) FROM item_chunks").fetchone()[0]
+        where = "WHERE index_signature = ? AND embedding IS NOT NULL"
+        expected = conn.execute(f"SELECT COUNT(*) FROM item_chunks {where}", (self.signature,))
+        count = expected.fetchone()[0]  # cheap: the BLOBs' overflow pages are not read
+        self._resize(np.arange(self._n), count + max(1024, count // 16))  # room to change
         cursor = conn.execute(
-            "SELECT id, item_id, dim, embedding FROM item_chunks"
-            " WHERE index_signature = ? AND embedding IS NOT NULL ORDER BY id",
+            f"SELECT id, item_id, dim, embedding FROM item_chunks {where} ORDER BY id",
             (self.signature,),
         )
         while batch := cursor.fetchmany(_LOAD_BATCH):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from . import codec, fts, outbox
 from .config import Config
 from .db import atomic, utcnow
-from .errors import ModelError, RinwaError
+from .errors import ChunkingError, ItemError, ModelError, RinwaError
 from .models import Manifest, get_manifest
 from .settings import get_settings
 from .signature import Signature, build_signature
@@ -63,6 +63,35 @@ class Plan:
 
 
 @dataclass
+class _Work:
+    """One item between its plan and its swap."""
+
+    plan: Plan
+    chunks: list[Chunk]
+    hashes: list[str]
+    cached: dict[str, bytes]
+    seconds: float  # time spent on this item so far (its share of shared embedding included)
+    embedded: dict[str, bytes] = field(default_factory=dict)
+
+    def fill(self, blobs: dict[str, bytes], seconds: float) -> None:
+        """Take this item's newly embedded vectors and its share of the embedding time."""
+        for digest in self.embedded:
+            self.embedded[digest] = blobs[digest]
+        self.seconds += seconds
+
+    def vectors(self) -> list[bytes | None]:
+        """One BLOB per chunk (None with dense off)."""
+        if not self.plan.dense:
+            return [None] * len(self.chunks)
+        found = {**self.cached, **self.embedded}
+        return [found.get(digest) for digest in self.hashes]
+
+    def ms(self, since: float) -> int:
+        """Milliseconds this item cost: its own work plus its share of the batches."""
+        return int((self.seconds + time.perf_counter() - since) * 1000)
+
+
+@dataclass
 class Indexer:
     """Indexes items of one database; keeps one chunker per signature.
 
@@ -91,7 +120,39 @@ class Indexer:
 
     def index_item(self, item_id: int) -> IndexResult:
         """Make ``item_id`` current, or report why not; raises on failures."""
-        start = time.perf_counter()
+        outcome = self.index_items([item_id])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def index_items(self, item_ids: Sequence[int]) -> list[IndexResult | Exception]:
+        """Index several items, embedding their missing chunks in shared batches.
+
+        Each item is still swapped in its own transaction after its own
+        recheck. A per-item error (bad input while chunking) is returned in
+        that item's place; an error of the shared embedding raises, and the
+        worker then retries the items one by one to find the culprit.
+        """
+        outcomes: dict[int, IndexResult | Exception] = {}
+        work: list[_Work] = []
+        for item_id in item_ids:
+            start = time.perf_counter()
+            try:
+                prepared = self._prepare(item_id, start)
+            except (ChunkingError, ItemError, UnicodeError) as exc:
+                outcomes[item_id] = exc
+                continue
+            if isinstance(prepared, IndexResult):
+                outcomes[item_id] = prepared
+            else:
+                work.append(prepared)
+        self._embed_missing(work)
+        for job in work:
+            outcomes[job.plan.source.item_id] = self._finish(job)
+        return [outcomes[item_id] for item_id in item_ids]
+
+    def _prepare(self, item_id: int, start: float) -> _Work | IndexResult:
+        """Plan and chunk one item, taking what the vector cache already has."""
         plan = self.plan(item_id)
         if plan is None:
             return self._delete(item_id, start)
@@ -100,11 +161,23 @@ class Indexer:
                 outbox.complete(self.conn, item_id, plan.seq)
             return IndexResult(item_id, "skipped", ms=_ms(start), reason="current")
         chunks = self._chunker(plan).chunk(plan.source.text)
-        vectors, embedded, reused = self._vectors(plan, chunks)
-        if not self._swap(plan, chunks, vectors, embedded):
+        hashes = [text_hash(c.text) for c in chunks]
+        cached = self._cached(plan.signature.hash, hashes, plan.signature.dim) if plan.dense else {}
+        return _Work(plan, chunks, hashes, cached, time.perf_counter() - start)
+
+    def _finish(self, job: _Work) -> IndexResult:
+        """Swap one prepared item in (or release it when something changed)."""
+        start = time.perf_counter()
+        item_id, count = job.plan.source.item_id, len(job.chunks)
+        vectors = job.vectors()
+        if job.plan.dense and None in vectors:  # planned under other settings than its group
             outbox.release(self.conn, item_id, now=time.time())
-            return IndexResult(item_id, "requeued", ms=_ms(start), reason="changed")
-        return IndexResult(item_id, "indexed", len(chunks), len(embedded), reused, _ms(start))
+            return IndexResult(item_id, "requeued", ms=job.ms(start), reason="settings_changed")
+        if not self._swap(job.plan, job.chunks, vectors, job.embedded):
+            outbox.release(self.conn, item_id, now=time.time())
+            return IndexResult(item_id, "requeued", ms=job.ms(start), reason="changed")
+        reused = count - len(job.embedded) if job.plan.dense else 0
+        return IndexResult(item_id, "indexed", count, len(job.embedded), reused, job.ms(start))
 
     # --- reading -------------------------------------------------------------
 
@@ -152,23 +225,29 @@ class Indexer:
 
     # --- embedding (outside any transaction) ---------------------------------
 
-    def _vectors(
-        self, plan: Plan, chunks: list[Chunk]
-    ) -> tuple[list[bytes | None], dict[str, bytes], int]:
-        """One BLOB per chunk (None with dense off), the newly embedded ones, reuse count."""
-        if not plan.dense or not chunks:
-            return [None] * len(chunks), {}, 0
-        hashes = [text_hash(c.text) for c in chunks]
-        dim = plan.signature.dim
-        cached = self._cached(plan.signature.hash, hashes, dim)
-        missing = {h: c for h, c in zip(hashes, chunks, strict=True) if h not in cached}
-        embedded = self._embed(plan, list(missing.items()))
-        blobs = {**cached, **embedded}
-        return [blobs[h] for h in hashes], embedded, len(chunks) - len(missing)
+    def _embed_missing(self, work: list[_Work]) -> None:
+        """Embed every chunk no cache holds, once per distinct text, in shared batches."""
+        dense = [job for job in work if job.plan.dense]
+        if not dense:
+            return
+        plan = dense[0].plan
+        todo: dict[str, Chunk] = {}
+        for job in dense:
+            if job.plan.signature.hash != plan.signature.hash:
+                continue  # settings changed between plans: its recheck will release it
+            for digest, chunk in zip(job.hashes, job.chunks, strict=True):
+                if digest not in job.cached and digest not in todo:
+                    todo[digest] = chunk
+                    job.embedded[digest] = b""  # this item pays for (and logs) the embedding
+        if not todo:
+            return
+        start = time.perf_counter()
+        blobs = self._embed(plan, list(todo.items()))
+        seconds = time.perf_counter() - start
+        for job in dense:
+            job.fill(blobs, seconds * len(job.embedded) / len(todo))
 
     def _embed(self, plan: Plan, todo: list[tuple[str, Chunk]]) -> dict[str, bytes]:
-        if not todo:
-            return {}
         if self.embedder_for is None:
             raise ModelError("Dense search is on but this indexer has no embedding model.")
         embedder = self.embedder_for(plan.manifest)

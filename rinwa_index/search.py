@@ -30,12 +30,13 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal, Protocol
 
 import structlog
 
 from . import fts
-from .config import Config
+from .config import ChunkParams, Config
 from .db import register_functions
 from .errors import RinwaError
 from .models import Manifest, get_manifest
@@ -439,8 +440,13 @@ def dense_target(settings: EmbeddingSettings, config: Config) -> _DenseTarget:
     ``settings.active_signature`` would also record the signature, a write
     that has no place on the request path; this is the same value, read-only.
     """
-    manifest = get_manifest(settings.model)
-    return _DenseTarget(manifest, build_signature(manifest, config.chunk, settings.provider).hash)
+    return _target(settings.model, settings.provider, config.chunk)
+
+
+@lru_cache(maxsize=16)  # a cache: building a signature hashes its JSON, ~1 ms per query
+def _target(model: str, provider: str, chunk: ChunkParams) -> _DenseTarget:
+    manifest = get_manifest(model)
+    return _DenseTarget(manifest, build_signature(manifest, chunk, provider).hash)
 
 
 def search(

@@ -11,6 +11,7 @@ JSON (sorted keys, no white space) and its SHA-256; the JSON is kept in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -59,9 +60,9 @@ class Signature:
         """Sorted keys, compact separators, ASCII: identical in every process."""
         return json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
-    @property
+    @functools.cached_property
     def hash(self) -> str:
-        """The SHA-256 of the canonical JSON, prefixed with the pipeline version."""
+        """The SHA-256 of the canonical JSON, prefixed with the pipeline version (cached)."""
         digest = hashlib.sha256(self.canonical_json().encode("ascii")).hexdigest()
         return f"v{self.pipeline_version}-{digest[:32]}"
 

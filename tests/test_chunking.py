@@ -50,6 +50,12 @@ def small(tokenizer: Tokenizer) -> Chunker:
     return Chunker(tokenizer, SMALL, max_tokens=MINILM.max_tokens, doc_prefix=PREFIX)
 
 
+@pytest.fixture(scope="module")
+def tight(tokenizer: Tokenizer) -> Chunker:
+    """A model limit below ``maximum`` and a prefix without a trailing space."""
+    return Chunker(tokenizer, ChunkParams(12, 4, 16, 3), max_tokens=14, doc_prefix="q:")
+
+
 def exact_count(chunker: Chunker, text: str) -> int:
     """The reference count: encode the formatted chunk (lone surrogates as U+FFFD)."""
     safe = re.sub("[\ud800-\udfff]", "\ufffd", chunker.doc_prefix + text)
@@ -295,14 +301,16 @@ def test_counts_over_the_limit_after_subword_cuts_are_split_again(
         max_size=120,
     ).map("".join)
 )
-def test_property_every_chunk_fits_with_the_prefix(small: Chunker, text: str) -> None:
-    chunks = checked(small, text)
-    covered = set()
-    for c in chunks:
-        covered.update(range(c.char_start, c.char_end))
-    for index, ch in enumerate(text):
-        if (ch.isascii() and ch.isalnum()) or "\u4e00" <= ch <= "\u9fff":
-            assert index in covered, (index, ch)
+def test_property_every_chunk_fits_with_the_prefix(
+    small: Chunker, tight: Chunker, text: str
+) -> None:
+    for chunker in (small, tight):
+        covered: set[int] = set()
+        for c in checked(chunker, text):
+            covered.update(range(c.char_start, c.char_end))
+        for index, ch in enumerate(text):
+            if (ch.isascii() and ch.isalnum()) or "\u4e00" <= ch <= "\u9fff":
+                assert index in covered, (index, ch)  # nothing with tokens is dropped
 
 
 def test_other_tokenizers_are_verified_chunk_by_chunk(tokenizer: Tokenizer) -> None:

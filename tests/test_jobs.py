@@ -12,7 +12,15 @@ from rinwa_index.embedder import FakeEmbedder
 from rinwa_index.errors import InputTooLongError
 from rinwa_index.models import MINILM
 from rinwa_index.settings import update_settings
-from workers.jobs import WorkerState, is_idle, is_transient, run_job, sweep
+from workers.jobs import (
+    WorkerState,
+    group_by_priority,
+    is_idle,
+    is_transient,
+    run_group,
+    run_job,
+    sweep,
+)
 
 
 class Flaky:
@@ -111,3 +119,39 @@ def test_sweep_is_bounded_by_queue_depth(db: sqlite3.Connection, config: Config)
     result = sweep(db, config, queue_depth=0, now=1.0)
     assert result.reconciled == 2 and len(result.enqueued) == 2
     assert sweep(db, config, queue_depth=2, now=2.0).reconciled == 0
+
+
+def test_group_by_priority_keeps_order_and_bounds() -> None:
+    claimed = [(1, 10), (2, 10), (3, 10), (4, 0), (5, 0)]
+    assert group_by_priority(claimed, 2) == [([1, 2], 10), ([3], 10), ([4, 5], 0)]
+
+
+def test_group_shares_batches_and_isolates_a_bad_item(
+    db: sqlite3.Connection, config: Config
+) -> None:
+    update_settings(db, enabled=True)
+    for item_id, text in ((1, "Herons wade."), (2, "Poison pill."), (3, "Egrets fly.")):
+        db.execute("INSERT INTO items (id, content) VALUES (?, ?)", (item_id, text))
+        outbox.record_item_changed(db, item_id)
+
+    def reject(batch: list[str]) -> None:
+        if any("Poison" in text for text in batch):
+            raise InputTooLongError("rejected")
+
+    embedder = FakeEmbedder(manifest=MINILM, on_batch=reject)
+    state = WorkerState(config, sleep=lambda _s: None, embedder_loader=lambda _m, _c: embedder)
+    results = run_group(state, [1, 2, 3])
+    assert [r.outcome if r else None for r in results] == ["indexed", None, "indexed"]
+    failed = db.execute("SELECT item_id, last_error FROM index_outbox WHERE failed = 1").fetchall()
+    assert [tuple(r) for r in failed] == [(2, "InputTooLongError")]
+
+
+def test_group_embeds_in_shared_batches(db: sqlite3.Connection, config: Config) -> None:
+    update_settings(db, enabled=True)
+    for item_id in range(1, 5):
+        db.execute("INSERT INTO items (id, content) VALUES (?, ?)", (item_id, f"Note {item_id}."))
+    embedder = FakeEmbedder(manifest=MINILM)
+    state = WorkerState(config, embedder_loader=lambda _m, _c: embedder)
+    results = run_group(state, [1, 2, 3, 4])
+    assert all(r is not None and r.outcome == "indexed" for r in results)
+    assert len(embedder.batches) == 1 and len(embedder.batches[0]) == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import structlog
 
 from rinwa_index import codec
 from rinwa_index.config import ChunkParams, Config
+from rinwa_index.db import connect
 from rinwa_index.embedder import FakeEmbedder, fake_manifest, load
 from rinwa_index.index import DenseSide, Index, VectorMatrix
 from rinwa_index.indexer import index_item
@@ -74,12 +76,8 @@ class Shared:
 
 @pytest.fixture
 def config(tmp_path: Path) -> Config:
-    """Small chunks, so a short document still makes several (citations, item scope)."""
-    return Config(
-        db_path=tmp_path / "library.db",
-        model_dir=tmp_path / "models",
-        chunk=ChunkParams(target=40, minimum=8, maximum=64, overlap=0),
-    )
+    """This module's tests use small chunks."""
+    return small_chunks(tmp_path / "library.db")
 
 
 @pytest.fixture(scope="session")
@@ -101,13 +99,37 @@ def put(db: Any, item_id: int, text: str, config: Config, embedder: Any = None) 
     assert result.outcome == "indexed", result
 
 
-@pytest.fixture
-def library(db: Any, config: Config, model: Any) -> Any:
-    """DOCS indexed with dense on and the real model."""
+def build_library(config: Config, model: Any) -> Path:
+    """DOCS indexed with dense on and the real model, checkpointed into one file."""
+    db = connect(config.db_path)
     update_settings(db, enabled=True)
     for item_id, text in DOCS.items():
         put(db, item_id, text, config, model)
-    return db
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    return config.db_path
+
+
+def small_chunks(db_path: Path) -> Config:
+    """Small chunks, so a short document still makes several (citations, item scope)."""
+    return Config(
+        db_path=db_path,
+        model_dir=db_path.parent / "models",
+        chunk=ChunkParams(target=40, minimum=8, maximum=64, overlap=0),
+    )
+
+
+@pytest.fixture(scope="module")
+def library_file(tmp_path_factory: pytest.TempPathFactory, model: Any) -> Path:
+    """Indexed once per module; each test gets a copy (indexing is the slow part)."""
+    return build_library(small_chunks(tmp_path_factory.mktemp("lib") / "library.db"), model)
+
+
+@pytest.fixture
+def library(library_file: Path, config: Config) -> Any:
+    """A private copy of the indexed library, open."""
+    shutil.copy(library_file, config.db_path)
+    return open_db(config.db_path)
 
 
 def open_index(
@@ -554,15 +576,14 @@ def cli(db_path: Path, *args: str, code: str = "") -> subprocess.CompletedProces
     )
 
 
-@pytest.fixture
-def cli_db(tmp_path: Path, model: Any) -> Path:
-    """DOCS indexed with the default chunk sizes: the CLI builds its Config from defaults."""
-    config = Config(db_path=tmp_path / "cli.db", model_dir=tmp_path / "models")
-    db = open_db(config.db_path)
-    update_settings(db, enabled=True)
-    for item_id, text in DOCS.items():
-        put(db, item_id, text, config, model)
-    return config.db_path
+@pytest.fixture(scope="module")
+def cli_db(tmp_path_factory: pytest.TempPathFactory, model: Any) -> Path:
+    """DOCS indexed with the default chunk sizes: the CLI builds its Config from defaults.
+
+    Shared by the CLI tests, which only read it.
+    """
+    path = tmp_path_factory.mktemp("cli") / "cli.db"
+    return build_library(Config(db_path=path, model_dir=path.parent / "models"), model)
 
 
 def test_cli_search_json_hybrid(cli_db: Path) -> None:

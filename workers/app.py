@@ -16,7 +16,7 @@ from huey import SqliteHuey, crontab
 
 from rinwa_index.config import Config
 
-from .jobs import ThreadStates, WorkerState, run_job, sweep
+from .jobs import ThreadStates, WorkerState, group_by_priority, run_group, sweep
 
 CONFIG = Config.from_env(os.environ)
 
@@ -31,7 +31,6 @@ huey = SqliteHuey(
 #: Set by ``workers.__main__`` to the consumer's stop flag, so a job can
 #: abandon its batch when a stop signal arrives.
 STOP = threading.Event()
-
 
 
 def _fault_swap_delay() -> Callable[[int], None] | None:
@@ -53,9 +52,9 @@ def open_resources() -> None:
 
 
 @huey.task()
-def index_item(item_id: int) -> None:
-    """Make one item current (or record why it could not be)."""
-    run_job(states.get(), int(item_id))
+def index_items(item_ids: list[int]) -> None:
+    """Make a few items current, sharing embedding batches (or record why not)."""
+    run_group(states.get(), [int(i) for i in item_ids])
 
 
 @huey.periodic_task(crontab(minute="*"))
@@ -66,7 +65,8 @@ def periodic_sweep() -> None:
 
 def enqueue_sweep(state: WorkerState) -> int:
     """Run a sweep and put each claimed item on the queue; return how many."""
-    result = sweep(state.conn, state.config, queue_depth=huey.pending_count(), now=state.now())
-    for item_id, priority in result.enqueued:
-        index_item(item_id, priority=priority)
+    depth = huey.pending_count() * state.config.job_items
+    result = sweep(state.conn, state.config, queue_depth=depth, now=state.now())
+    for item_ids, priority in group_by_priority(result.enqueued, state.config.job_items):
+        index_items(item_ids, priority=priority)
     return len(result.enqueued)

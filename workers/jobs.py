@@ -146,6 +146,45 @@ def run_job(state: WorkerState, item_id: int) -> IndexResult | None:
     return result
 
 
+def run_group(state: WorkerState, item_ids: list[int]) -> list[IndexResult | None]:
+    """Index several items with shared embedding batches (the fast path).
+
+    Any error of the shared part sends the items through :func:`run_job` one
+    by one, so a bad item is found, recorded alone, and the others still land.
+    """
+    if len(item_ids) == 1:
+        return [run_job(state, item_ids[0])]
+    try:
+        outcomes = state.indexer.index_items(item_ids)
+    except Cancelled as exc:
+        for item_id in item_ids:
+            outbox.release(state.conn, item_id, now=state.now())
+        log.info("group.requeued", items=len(item_ids), reason=_cancel_reason(exc))
+        return [None] * len(item_ids)
+    except Exception as exc:
+        log.info("group.split", items=len(item_ids), error=type(exc).__name__)
+        return [run_job(state, item_id) for item_id in item_ids]
+    results: list[IndexResult | None] = []
+    for item_id, outcome in zip(item_ids, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            results.append(run_job(state, item_id))  # records the failure with the usual policy
+        else:
+            _log_result(outcome)
+            results.append(outcome)
+    return results
+
+
+def group_by_priority(claimed: list[tuple[int, int]], size: int) -> list[tuple[list[int], int]]:
+    """Split claimed ``(item_id, priority)`` pairs into jobs of at most ``size`` items."""
+    jobs: list[tuple[list[int], int]] = []
+    for item_id, priority in claimed:
+        if jobs and jobs[-1][1] == priority and len(jobs[-1][0]) < size:
+            jobs[-1][0].append(item_id)
+        else:
+            jobs.append(([item_id], priority))
+    return jobs
+
+
 def _cancel_reason(exc: Cancelled) -> str:
     return "stopping" if "stopping" in str(exc) else "settings_changed"
 
