@@ -4,8 +4,9 @@
 
 * Throughput: the same chunk texts (mixed lengths, 16-256 tokens, fixed seed)
   through ``rinwa_index.embedder`` and through a plain onnxruntime loop written
-  here (same model file, same threads, fixed batch size, input order, each
-  batch padded to its own longest input). Printed as a ratio.
+  here (same model file, same threads, default session options, fixed batch
+  of 16, input order, each batch padded to its own longest input). The two
+  alternate for ``--rounds`` rounds and each keeps its best; printed as a ratio.
 * Query latency: p50/p95 of short queries, one at a time.
 * Peak RSS: a fresh child process embeds 1,000 chunks with the runtime
   (measured apart so the baseline's memory arena does not count).
@@ -147,7 +148,9 @@ def memory_child(chunks: int, threads: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
-    parser.add_argument("--chunks", type=int, default=400, help="chunks for the throughput runs")
+    parser.add_argument("--chunks", type=int, default=300, help="chunks for the throughput runs")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating timed rounds per side")
+    parser.add_argument("--raw-batch", type=int, default=16, help="the baseline's fixed batch size")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--memory-chunks", type=int, default=1000)
     parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
@@ -160,12 +163,19 @@ def main() -> None:
     tokenizer = load_tokenizer(MINILM, Path("."))
     tokens = sum(len(tokenizer.encode(t).ids) for t in texts)
     embedder = load(threads=args.threads)
-    raw = RawLoop(args.threads, embedder.batch_size)
+    raw = RawLoop(args.threads, args.raw_batch)
     embedder.embed_documents(texts[:16])  # warm-up both sessions
     raw.embed(texts[:16])
 
-    raw_s, raw_vectors = timed(raw.embed, texts)
-    ours_s, our_vectors = timed(embedder.embed_documents, texts)
+    # Alternate the two and keep each one's best round: on a shared machine a
+    # burst of other work then penalises both sides alike instead of one.
+    raw_times, our_times = [], []
+    for _ in range(args.rounds):
+        seconds, raw_vectors = timed(raw.embed, texts)
+        raw_times.append(seconds)
+        seconds, our_vectors = timed(embedder.embed_documents, texts)
+        our_times.append(seconds)
+    raw_s, ours_s = min(raw_times), min(our_times)
     agreement = float(np.min(np.sum(raw_vectors * our_vectors, axis=1)))
     p50, p95 = query_latency(embedder)
     del embedder, raw
@@ -181,6 +191,10 @@ def main() -> None:
         "model": MINILM.name,
         "model_file_mb": round(file_path(MINILM, MINILM.file("model"), Path(".")).stat().st_size / 1e6, 1),
         "threads": args.threads,
+        "batch_size": embedder.batch_size,
+        "batch_tokens": embedder.batch_tokens,
+        "raw_batch_size": args.raw_batch,
+        "rounds": args.rounds,
         "chunks": len(texts),
         "tokens": tokens,
         "chunks_per_s": round(len(texts) / ours_s, 1),

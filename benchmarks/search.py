@@ -17,9 +17,12 @@ per chunk under the active signature. Then, warm:
 * refreshing the matrix after one item is re-indexed (delete + insert) against
   a full reload.
 
-The default sizes finish in a few minutes on 2 cores; add 1000000 to
-``--sizes`` for the million-chunk library (about 2 GB of RAM and several
-minutes to build). The last line is one JSON object keyed by size.
+The three default sizes take about 3 minutes on 2 cores and 3.5 GB of RAM
+at the peak (the million-chunk matrix twice, for the full-reload timing);
+``--sizes 10000,100000`` takes one. On a small shared machine OpenBLAS's
+spinning threads distort every timing: ``OPENBLAS_NUM_THREADS=1`` gives
+steadier numbers (the value in effect is printed). The last line is one JSON
+object keyed by size.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -43,8 +47,9 @@ sys.path.insert(0, str(REPO))
 
 from rinwa_index.config import Config  # noqa: E402
 from rinwa_index.db import atomic, connect, utcnow  # noqa: E402
+from rinwa_index.dense import VectorMatrix  # noqa: E402
 from rinwa_index.fts import index_text, match_query  # noqa: E402
-from rinwa_index.index import Index, VectorMatrix  # noqa: E402
+from rinwa_index.index import Index  # noqa: E402
 from rinwa_index.logs import configure_logging  # noqa: E402
 from rinwa_index.search import SearchOptions, dense_target  # noqa: E402
 from rinwa_index.settings import get_settings, update_settings  # noqa: E402
@@ -249,7 +254,7 @@ class KeepOpen:
 def main(argv: list[str] | None = None) -> int:
     """Measure each size, print a table, then the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--queries", type=int, default=40)
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
@@ -257,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     from rinwa_index.embedder import load
 
     embedder = KeepOpen(load(threads=2))
+    if not args.json:
+        print(f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rinwa-search-bench-") as tmp:
         for size in (int(s) for s in args.sizes.split(",")):

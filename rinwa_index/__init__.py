@@ -16,6 +16,9 @@ from .errors import (
     SettingsError,
     VectorError,
 )
+from .index import Index
+from .outbox import record_item_changed, record_item_deleted, wake_worker
+from .search import Passage, SearchOptions, SearchResult, search
 
 __version__ = "0.1.0"
 
@@ -27,13 +30,21 @@ __all__ = [
     "ConfigError",
     "DatabaseError",
     "EmbeddingError",
+    "Index",
     "InputTooLongError",
     "ItemError",
     "MigrationError",
     "ModelError",
     "ModelNotInstalledError",
+    "Passage",
     "RinwaError",
+    "SearchOptions",
+    "SearchResult",
     "SettingsError",
     "VectorError",
     "__version__",
+    "record_item_changed",
+    "record_item_deleted",
+    "search",
+    "wake_worker",
 ]

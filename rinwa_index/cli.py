@@ -135,6 +135,7 @@ def chunk(config: Config, file: Path, model: str | None, as_json: bool) -> None:
         )
     click.echo(f"{len(chunks)} chunks for {manifest.name} (limit {chunker.limit} tokens).")
 
+
 # --- models (rinwa_index.models) --------------------------------------------
 
 # --- worker and operations (rinwa_index.indexer, rinwa_index.outbox) -------

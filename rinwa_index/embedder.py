@@ -314,7 +314,9 @@ class Runtime:
         threads: int = 2,
     ) -> None:
         """``loader(name)`` builds an embedder; by default :func:`load` with these arguments."""
-        self._loader = loader or functools.partial(_load_named, model_dir=model_dir, threads=threads)
+        self._loader = loader or functools.partial(
+            _load_named, model_dir=model_dir, threads=threads
+        )
         self._lock = threading.Lock()
         self._current: Embedder | None = None
         self._current_name = ""
@@ -406,7 +408,10 @@ def fake_manifest(
         model_id="rinwa/fake-hash-embedder",
         revision="1",
         source="directory",
-        files=(ModelFile("model", "fake.onnx", "0" * 64), ModelFile("tokenizer", "fake.json", "1" * 64)),
+        files=(
+            ModelFile("model", "fake.onnx", "0" * 64),
+            ModelFile("tokenizer", "fake.json", "1" * 64),
+        ),
         onnx_inputs=("input_ids", "attention_mask"),
         output="sentence_embedding",
         pooling="none",
@@ -475,7 +480,9 @@ class FakeEmbedder:
             if self.on_batch is not None:
                 self.on_batch(batch)
             self.batches.append(batch)
-            out[start : start + len(batch)] = finish(np.stack([self._vector(t) for t in batch]), self.dim)
+            out[start : start + len(batch)] = finish(
+                np.stack([self._vector(t) for t in batch]), self.dim
+            )
         return out
 
     def _vector(self, text: str) -> NDArray[np.float64]:

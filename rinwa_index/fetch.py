@@ -92,7 +92,9 @@ def fetch_model(
         staged = staging_dir(model_dir, f"fetch-{manifest.name}-{manifest.revision[:12]}")
         shutil.rmtree(staged / _HF_METADATA, ignore_errors=True)  # partial blobs of a killed run
         with _hub_errors(hub, manifest, endpoint):
-            remote = [_describe(hub, manifest, entry, endpoint, timeout) for entry in manifest.files]
+            remote = [
+                _describe(hub, manifest, entry, endpoint, timeout) for entry in manifest.files
+            ]
             for item in remote:
                 _drop_if_stale(staged / item.entry.path, item.sha256)
             for item in remote:
@@ -261,7 +263,11 @@ def _hub_errors(hub: ModuleType, manifest: Manifest, endpoint: str) -> Iterator[
 def _network_errors() -> tuple[type[BaseException], ...]:
     """Transport errors of whichever HTTP client this huggingface-hub version uses."""
     found: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module, name in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")):
+    for module, name in (
+        ("httpx2", "HTTPError"),
+        ("httpx", "HTTPError"),
+        ("requests", "RequestException"),
+    ):
         client = sys.modules.get(module)
         if client is not None and isinstance(getattr(client, name, None), type):
             found.append(getattr(client, name))

@@ -7,7 +7,7 @@ whole library or in one item:
    the item's canonical source right now (stale chunks are never returned);
    the query only reaches MATCH through :func:`rinwa_index.fts.match_query`.
 2. **Dense** — only when dense search is enabled and the query embedder is
-   already warm: a :class:`DenseSide` (see :mod:`rinwa_index.index`) embeds
+   already warm: a :class:`DenseSide` (see :mod:`rinwa_index.dense`) embeds
    the query and scans *all* current vectors in scope in a worker thread,
    never just the FTS candidates. The request thread waits at most until the
    deadline.
@@ -31,6 +31,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import structlog
@@ -440,12 +441,12 @@ def dense_target(settings: EmbeddingSettings, config: Config) -> _DenseTarget:
     ``settings.active_signature`` would also record the signature, a write
     that has no place on the request path; this is the same value, read-only.
     """
-    return _target(settings.model, settings.provider, config.chunk)
+    return _target(settings.model, settings.provider, config.chunk, config.model_dir)
 
 
 @lru_cache(maxsize=16)  # a cache: building a signature hashes its JSON, ~1 ms per query
-def _target(model: str, provider: str, chunk: ChunkParams) -> _DenseTarget:
-    manifest = get_manifest(model)
+def _target(model: str, provider: str, chunk: ChunkParams, model_dir: Path) -> _DenseTarget:
+    manifest = get_manifest(model, model_dir)
     return _DenseTarget(manifest, build_signature(manifest, chunk, provider).hash)
 
 

@@ -19,7 +19,42 @@ from rinwa_index.settings import active_signature, get_settings
 from rinwa_index.status import collect
 
 SENTINEL = "Zqxsentinel"
-WORDS = ["river", "mountain", "archive", "lantern", "orchard", "harbor", "signal", "meadow", "copper", "violin", "glacier", "library", "compass", "thunder", "garden", "ember", "canyon", "whisper", "marble", "falcon", "pepper", "ledger", "quartz", "saddle", "timber", "velvet", "walnut", "anchor", "beacon", "cedar", "dune", "fjord", "granite", "hazel"]
+WORDS = [
+    "river",
+    "mountain",
+    "archive",
+    "lantern",
+    "orchard",
+    "harbor",
+    "signal",
+    "meadow",
+    "copper",
+    "violin",
+    "glacier",
+    "library",
+    "compass",
+    "thunder",
+    "garden",
+    "ember",
+    "canyon",
+    "whisper",
+    "marble",
+    "falcon",
+    "pepper",
+    "ledger",
+    "quartz",
+    "saddle",
+    "timber",
+    "velvet",
+    "walnut",
+    "anchor",
+    "beacon",
+    "cedar",
+    "dune",
+    "fjord",
+    "granite",
+    "hazel",
+]
 
 
 def article(rng: random.Random, paragraphs: int) -> str:

@@ -181,3 +181,15 @@ def test_force_reindex_named_and_all(db: sqlite3.Connection) -> None:
     assert db.execute("SELECT item_id FROM item_index_state").fetchall()[0][0] == 2
     assert outbox.force_reindex(db, None) == 2
     assert db.execute("SELECT COUNT(*) FROM item_index_state").fetchone()[0] == 0
+
+
+def test_index_item_changed_and_deleted(config: Config) -> None:
+    from rinwa_index import Index
+
+    with Index(config, dense_warmup=False) as index:
+        index.conn.execute("INSERT INTO items (id, content) VALUES (5, 'x')")
+        index.item_changed(5)
+        assert rows(index.conn) == [(5, "changed", 1, 0, 0, 0, None)]
+        index.item_deleted(5)
+        assert rows(index.conn)[0][1:3] == ("deleted", 2)
+    assert config.wake_file.exists()

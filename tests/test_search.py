@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -19,8 +20,9 @@ import structlog
 from rinwa_index import codec
 from rinwa_index.config import ChunkParams, Config
 from rinwa_index.db import connect
+from rinwa_index.dense import DenseSide, VectorMatrix
 from rinwa_index.embedder import FakeEmbedder, fake_manifest, load
-from rinwa_index.index import DenseSide, Index, VectorMatrix
+from rinwa_index.index import Index
 from rinwa_index.indexer import index_item
 from rinwa_index.models import MINILM
 from rinwa_index.search import (
@@ -259,8 +261,13 @@ def assert_sparse_fallback(result: SearchResult, reason: str, index: Index, quer
 
 
 def test_dense_disabled(index: Index, library: Any) -> None:
+    assert index.dense.matrix is not None
     update_settings(library, enabled=False)
     assert_sparse_fallback(index.search("cat windowsill"), "disabled", index, "cat windowsill")
+    assert index.dense.matrix is None  # the model and vectors are let go
+    update_settings(library, enabled=True)
+    assert index.search("cat windowsill").reason == "not_ready"  # and come back on demand
+    assert index.warm_up(wait=True, timeout=30)
 
 
 def test_not_ready_until_warm(library: Any, config: Config, model: Any) -> None:
@@ -465,6 +472,24 @@ def test_matrix_follows_inserts_replacements_and_deletions(
 def count_chunks(db: Any, item_id: int | None = None) -> int:
     where, params = ("WHERE item_id = ?", (item_id,)) if item_id else ("", ())
     return int(db.execute(f"SELECT COUNT(*) FROM item_chunks {where}", params).fetchone()[0])
+
+
+def test_a_failed_refresh_reloads_instead_of_half_applying(
+    index: Index, library: Any, config: Config, model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    matrix = index.dense.matrix
+    assert matrix is not None
+
+    def broken(_self: VectorMatrix, _conn: Any) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(VectorMatrix, "_apply_changes", broken)
+    put(library, 8, "Volcanic eruptions spread ash over nearby towns.", config, model)
+    result = index.search("volcano ash", deadline_ms=5000)
+    assert (result.mode, result.reason) == ("sparse", "not_ready") and matrix.size == 0
+    monkeypatch.undo()
+    assert index.search("volcano ash", deadline_ms=5000).passages[0].item_id == 8
+    assert matrix.size == count_chunks(library)
 
 
 def test_matrix_refresh_is_free_when_nothing_changed(index: Index) -> None:
