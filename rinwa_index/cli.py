@@ -138,6 +138,119 @@ def chunk(config: Config, file: Path, model: str | None, as_json: bool) -> None:
 
 # --- models (rinwa_index.models) --------------------------------------------
 
+
+@cli.group()
+def model() -> None:
+    """List, verify, install (from a directory) or fetch (from the hub) embedding models."""
+
+
+@model.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list, for scripts.")
+@click.pass_obj
+@operational
+def model_list(config: Config, as_json: bool) -> None:
+    """Every known model: installed, verified (every file hashed), the default marked *."""
+    from .models import list_models
+
+    statuses = list_models(config.model_dir)
+    if as_json:
+        emit_json([status.as_json() for status in statuses])
+        return
+    for s in statuses:
+        state = "verified" if s.verified else ("FAILED" if s.installed else "not installed")
+        click.echo(
+            f"{'*' if s.default else ' '} {s.name:<24} {state:<14} {s.dim:>4} dims "
+            f"{s.max_tokens:>4} tokens  ({s.source})"
+        )
+
+
+@model.command(name="verify")
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="A JSON list, for scripts.")
+@click.pass_obj
+@operational
+def model_verify(config: Config, name: str | None, as_json: bool) -> None:
+    """Hash every file of NAME (default: every installed model); exit 1 on any mismatch."""
+    from .models import get_manifest, list_models, model_status, verify_model
+
+    if name is not None:
+        manifest = get_manifest(name, config.model_dir)
+        if not as_json:
+            verify_model(manifest, config.model_dir)  # raises the precise sentence
+        statuses = [model_status(manifest, config.model_dir)]
+    else:
+        statuses = [s for s in list_models(config.model_dir) if s.installed or s.default]
+    if as_json:
+        emit_json([status.as_json() for status in statuses])
+    else:
+        for s in statuses:
+            click.echo(f"{s.name}: {'verified' if s.verified else s.problem or 'not installed'}")
+    failed = [s.name for s in statuses if not s.verified]
+    if failed:
+        raise ModelError(
+            f"{', '.join(failed)} did not verify; reinstall with `rinwa-index model fetch NAME` "
+            "or `rinwa-index model install --from DIR`."
+        )
+
+
+@model.command(name="install")
+@click.option(
+    "--from",
+    "source",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A directory with the model files and a rinwa-model.json manifest.",
+)
+@click.pass_obj
+@operational
+def model_install(config: Config, source: Path) -> None:
+    """Verify a model directory against its manifest and copy it into the model cache."""
+    from .models import install_from_dir
+
+    manifest = install_from_dir(source, config.model_dir)
+    click.echo(
+        f"Installed and verified {manifest.name} ({manifest.dim} dims, {manifest.max_tokens} "
+        f"tokens); use it with `rinwa-index enable --model {manifest.name}`."
+    )
+
+
+@model.command(name="fetch")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Download without asking.")
+@click.pass_obj
+@operational
+def model_fetch(config: Config, name: str, yes: bool) -> None:
+    """Download NAME from the hub at its pinned revision, verify every file, install it.
+
+    The hub is $RINWA_HF_ENDPOINT, else $HF_ENDPOINT, else huggingface.co.
+    """
+    from .fetch import DEFAULT_ENDPOINT, fetch_model
+    from .models import get_manifest, model_status
+
+    manifest = get_manifest(name, config.model_dir)
+    if manifest.source != "hub":
+        raise ModelError(
+            f"Model {name} is not fetched from the hub ({manifest.source}); see `rinwa-index "
+            "model list`."
+        )
+    if model_status(manifest, config.model_dir).verified:
+        click.echo(f"Model {name} is already installed and verified.")
+        return
+    endpoint = _hub_endpoint() or DEFAULT_ENDPOINT
+    size_mb = sum(entry.size or 0 for entry in manifest.files) / 1e6
+    question = (
+        f"Download {name} ({size_mb:.0f} MB) from {endpoint}/{manifest.repo} at revision "
+        f"{manifest.revision[:12]}?"
+    )
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"{question[:-1]} needs confirmation; pass --yes.")
+        if not click.confirm(question, default=False, err=True):
+            raise UsageError("Nothing was downloaded.")
+    fetch_model(manifest, config.model_dir, endpoint=endpoint, progress=sys.stderr)
+    click.echo(f"Model {name} is installed and verified.")
+
+
 # --- worker and operations (rinwa_index.indexer, rinwa_index.outbox) -------
 
 
@@ -253,9 +366,7 @@ def enable(config: Config, model: str | None, yes: bool) -> None:
     if state != "ready" and manifest.source == "hub" and yes:
         from .fetch import fetch_model
 
-        endpoint = _hub_endpoint()
-        extra = {"endpoint": endpoint} if endpoint else {}
-        fetch_model(manifest, config.model_dir, progress=sys.stderr, **extra)
+        fetch_model(manifest, config.model_dir, endpoint=_hub_endpoint(), progress=sys.stderr)
         state = model_state(config, manifest.name)
     if state != "ready":
         raise ModelNotReady(manifest.name, state)

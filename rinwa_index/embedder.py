@@ -30,14 +30,19 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from .errors import EmbeddingError, InputTooLongError, ModelError, ModelNotInstalledError
+from .errors import (
+    EmbeddingError,
+    InferenceError,
+    InputTooLongError,
+    ModelError,
+    ModelNotInstalledError,
+)
 from .models import (
     DEFAULT_MODEL,
     Manifest,
     ModelFile,
     get_manifest,
     load_tokenizer,
-    read_verified,
     verified_path,
 )
 
@@ -200,7 +205,7 @@ class OnnxEmbedder:
         try:
             (raw,) = session.run([self.manifest.output], {k: arrays[k] for k in self._feeds})
         except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise EmbeddingError(
+            raise InferenceError(
                 f"Inference failed in model {self.manifest.name} ({type(exc).__name__}); "
                 "retry, and run `rinwa-index model verify` if it keeps failing."
             ) from exc
@@ -232,15 +237,13 @@ def _create_session(manifest: Manifest, model_dir: Path, threads: int) -> Any:
     options.log_severity_level = 3
     providers = ["CPUExecutionProvider"]
     try:
+        # Every file is hashed first, then the graph is opened by path: external
+        # weights are found by file name next to it, and loading from bytes would
+        # keep an extra ~35 MB resident for the life of the process.
         if manifest.has_file("model_data"):
-            # External weights are found by file name next to the graph, so the
-            # graph is loaded by path once both files have been hashed.
             verified_path(manifest, "model_data", model_dir)
-            path = verified_path(manifest, "model", model_dir)
-            return ort.InferenceSession(str(path), options, providers=providers)
-        # The bytes that were hashed are the bytes that are loaded.
-        model = read_verified(manifest, "model", model_dir)
-        return ort.InferenceSession(model, options, providers=providers)
+        path = verified_path(manifest, "model", model_dir)
+        return ort.InferenceSession(str(path), options, providers=providers)
     except ModelError:
         raise
     except Exception as exc:  # onnxruntime's load errors are untyped
@@ -327,12 +330,13 @@ class Runtime:
         """The embedder for ``model`` (default when None), loading it if needed."""
         name = model or DEFAULT_MODEL
         while True:
+            retired: Embedder | None = None
             with self._lock:
                 if self._current is not None and self._current_name == name:
                     return self._current
                 flight = self._flight
                 leader = flight is None
-                if flight is None:
+                if flight is None:  # nobody is loading: this caller loads, the others wait
                     flight = self._flight = (name, Future())
                     retired, self._current, self._current_name = self._current, None, ""
             if leader:

@@ -55,5 +55,9 @@ class EmbeddingError(ModelError):
     """Inference produced no usable vector (zero or non-finite)."""
 
 
+class InferenceError(ModelError):
+    """The model failed while running; usually transient, so the worker retries it."""
+
+
 class ItemError(RinwaError):
     """An item's content cannot be indexed (a permanent, recorded failure)."""

@@ -39,6 +39,7 @@ from .models import (
     ModelFile,
     ModelNotInstalledError,
     move_into_place,
+    read_install_record,
     sha256_file,
     staging_dir,
     verify_model,
@@ -64,16 +65,18 @@ def fetch_model(
     manifest: Manifest,
     model_dir: Path,
     *,
-    endpoint: str = DEFAULT_ENDPOINT,
+    endpoint: str | None = None,
     progress: TextIO | None = None,
     tty: bool | None = None,
     timeout: float = 10.0,
 ) -> Manifest:
     """Download, verify and install ``manifest``'s files; return it with every digest known.
 
-    ``progress`` receives a tqdm bar when ``tty`` (default: whether the stream is a
-    terminal) and one plain line per quarter of each file otherwise; None is silent.
-    Raises :class:`ModelError` (unreachable hub, HTTP error) or
+    ``endpoint`` is the hub's base URL (None: huggingface.co); the caller reads it
+    from its configuration, because huggingface-hub reads ``HF_ENDPOINT`` only
+    once, at import. ``progress`` receives a tqdm bar when ``tty`` (default:
+    whether the stream is a terminal) and one plain line per quarter of each
+    file otherwise; None is silent. Raises :class:`ModelError` (unreachable hub, HTTP error) or
     :class:`ChecksumMismatchError`; both leave the previous install untouched and a
     re-run picks up where this one stopped.
     """
@@ -87,6 +90,7 @@ def fetch_model(
         _say(progress, f"{manifest.name}: already installed and verified.")
         return _recorded(manifest, model_dir)
     hub = _import_hub()
+    endpoint = endpoint or DEFAULT_ENDPOINT
     model_dir.mkdir(parents=True, exist_ok=True)
     with _fetch_lock(model_dir, manifest.name):
         staged = staging_dir(model_dir, f"fetch-{manifest.name}-{manifest.revision[:12]}")
@@ -110,8 +114,6 @@ def fetch_model(
 
 
 def _recorded(manifest: Manifest, model_dir: Path) -> Manifest:
-    from .models import read_install_record
-
     return manifest.with_digests(read_install_record(manifest, model_dir))
 
 
@@ -120,6 +122,7 @@ def _import_hub() -> ModuleType:
     # nothing but the explicit download leaves the machine.
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     import huggingface_hub
+    import huggingface_hub.errors  # the package loads submodules lazily
 
     return huggingface_hub
 

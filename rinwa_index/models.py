@@ -252,10 +252,12 @@ def read_manifest_file(path: Path, *, source: SourceType = "directory") -> Manif
             f"No {MANIFEST_FILE} found; put a manifest naming the files, their SHA-256 and "
             "the ONNX contract next to the model files."
         ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:
         raise ModelError(
-            f"The model manifest is not valid JSON ({exc}); fix it and retry."
+            f"Cannot read {MANIFEST_FILE} ({exc.strerror}); fix it and retry."
         ) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{MANIFEST_FILE} is not valid JSON ({exc}); fix it and retry.") from None
     return manifest_from_dict(data, source=source)
 
 

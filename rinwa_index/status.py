@@ -10,7 +10,7 @@ from pathlib import Path
 from . import outbox
 from .config import Config
 from .errors import ChecksumMismatchError, ModelError, ModelNotInstalledError
-from .models import get_manifest, verify_model
+from .models import Manifest, file_path, get_manifest, verify_model
 from .settings import active_signature, get_settings
 from .source import SOURCE_KEY_SQL
 
@@ -39,10 +39,34 @@ class Status:
         return asdict(self)
 
 
+#: A cache: hashing a large model on every ``status --watch`` refresh would cost
+#: seconds, so a result is kept while every file's size and mtime stay the same.
+_STATES: dict[tuple[object, ...], str] = {}
+
+
 def model_state(config: Config, model: str) -> str:
     """``ready``, ``not_installed``, ``checksum_mismatch`` or ``unknown``."""
     try:
-        verify_model(get_manifest(model, config.model_dir), config.model_dir)
+        manifest = get_manifest(model, config.model_dir)
+        key = (model, *(_stamp(file_path(manifest, f, config.model_dir)) for f in manifest.files))
+    except ModelError:
+        return "unknown"
+    if key not in _STATES:
+        _STATES[key] = _verify(manifest, config)
+    return _STATES[key]
+
+
+def _stamp(path: Path) -> tuple[str, int, int]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return (str(path), -1, -1)
+    return (str(path), stat.st_size, stat.st_mtime_ns)
+
+
+def _verify(manifest: Manifest, config: Config) -> str:
+    try:
+        verify_model(manifest, config.model_dir)
     except ModelNotInstalledError:
         return "not_installed"
     except ChecksumMismatchError:

@@ -9,7 +9,7 @@ import pytest
 from rinwa_index import outbox
 from rinwa_index.config import Config
 from rinwa_index.embedder import FakeEmbedder
-from rinwa_index.errors import InputTooLongError
+from rinwa_index.errors import EmbeddingError, InferenceError, InputTooLongError
 from rinwa_index.models import MINILM
 from rinwa_index.settings import update_settings
 from workers.jobs import (
@@ -99,7 +99,9 @@ def test_permanent_failure_is_recorded_not_looped(
 def test_classification() -> None:
     assert is_transient(sqlite3.OperationalError("database is locked"))
     assert is_transient(RuntimeError("inference"))
+    assert is_transient(InferenceError("onnxruntime failed"))
     assert not is_transient(InputTooLongError("x"))
+    assert not is_transient(EmbeddingError("zero vector"))
 
 
 def test_sweep_enqueues_due_and_backfill_once(db: sqlite3.Connection, config: Config) -> None:
