@@ -35,12 +35,34 @@ def operational(func: F) -> F:
         except RinwaError as exc:
             click.echo(f"Error: {exc}", err=True)
             sys.exit(1)
+        except sqlite3.OperationalError as exc:
+            click.echo(f"Error: {_database_sentence(exc)}", err=True)
+            sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
 
 
+def _database_sentence(exc: sqlite3.OperationalError) -> str:
+    text = str(exc)
+    if "readonly" in text or "read-only" in text:
+        return "The database is not writable; fix the permissions of the file and its folder."
+    if "locked" in text or "busy" in text:
+        return "The database is locked by another process; retry in a moment."
+    return f"The database could not be used ({text}); check --db and the file."
+
+
 class UsageError(RinwaError):
     """A command's input is unusable (exit status 1 with a clear sentence)."""
+
+
+class WorkerNotRunning(RinwaError):
+    """Work is pending and no worker is running to do it."""
+
+    def __init__(self, pending: int) -> None:
+        super().__init__(
+            f"{pending} items are waiting but no worker is running for this database; "
+            "start it with `rinwa-index worker` or under supervisord."
+        )
 
 
 class ModelNotReady(ModelError):
@@ -329,6 +351,8 @@ def status(config: Config, as_json: bool, watch: bool) -> None:
         if not watch:
             break
         time.sleep(2)
+    if current.stalled:
+        raise WorkerNotRunning(current.pending)
 
 
 def _format_status(s: Any) -> str:
@@ -337,6 +361,7 @@ def _format_status(s: Any) -> str:
     return "\n".join(
         [
             f"dense search   {'on' if s.enabled else 'off'}",
+            f"worker         {'running' if s.worker_running else 'not running'}",
             f"model          {s.model} ({s.model_state})",
             f"items          {s.items}",
             f"sparse-current {s.sparse_current}",
@@ -351,9 +376,10 @@ def _format_status(s: Any) -> str:
 @cli.command()
 @click.option("--model", default=None, help="Switch to this model (see `model list`).")
 @click.option("--yes", is_flag=True, help="Agree to fetch a hub model that is not installed yet.")
+@click.option("--wait", is_flag=True, help="Show the backfill's progress until it is done.")
 @click.pass_obj
 @operational
-def enable(config: Config, model: str | None, yes: bool) -> None:
+def enable(config: Config, model: str | None, yes: bool, wait: bool) -> None:
     """Turn dense search on; the worker backfills vectors in the background."""
     from .models import get_manifest
     from .settings import get_settings, update_settings
@@ -371,9 +397,11 @@ def enable(config: Config, model: str | None, yes: bool) -> None:
     if state != "ready":
         raise ModelNotReady(manifest.name, state)
     update_settings(conn, enabled=True, model=manifest.name, model_dir=config.model_dir)
-    conn.close()
     _wake(config)
     click.echo(f"Dense search is on with {manifest.name}; the worker is backfilling vectors.")
+    if wait:
+        _wait_for_worker(config, conn, "items with vectors")
+    conn.close()
 
 
 @cli.command()
@@ -393,9 +421,10 @@ def disable(config: Config) -> None:
 @cli.command()
 @click.argument("items", nargs=-1, type=int)
 @click.option("--all", "all_items", is_flag=True, help="Re-index every item.")
+@click.option("--wait", is_flag=True, help="Show progress until the worker has caught up.")
 @click.pass_obj
 @operational
-def reindex(config: Config, items: tuple[int, ...], all_items: bool) -> None:
+def reindex(config: Config, items: tuple[int, ...], all_items: bool, wait: bool) -> None:
     """Re-index some items (first) or all of them (as a background backfill)."""
     from .outbox import force_reindex
 
@@ -403,9 +432,11 @@ def reindex(config: Config, items: tuple[int, ...], all_items: bool) -> None:
         raise click.UsageError("Name item ids or pass --all.")
     conn = _open(config)
     count = force_reindex(conn, None if all_items else list(items))
-    conn.close()
     _wake(config)
     click.echo(f"Queued {count} items for re-indexing.")
+    if wait:
+        _wait_for_worker(config, conn, "items current")
+    conn.close()
 
 
 @cli.command(name="retry-failed")
@@ -420,6 +451,24 @@ def retry_failed(config: Config) -> None:
     conn.close()
     _wake(config)
     click.echo(f"Re-queued {count} items.")
+
+
+def _wait_for_worker(config: Config, conn: sqlite3.Connection, label: str) -> None:
+    """A progress bar (plain lines off a terminal) until the worker has caught up."""
+    import time
+
+    from .progress import Progress
+    from .status import collect
+
+    current = collect(conn, config)
+    with Progress(current.items, label) as bar:
+        while not current.caught_up:
+            if current.stalled:
+                raise WorkerNotRunning(current.pending)
+            bar.update(current.dense_current if current.enabled else current.sparse_current)
+            time.sleep(1)
+            current = collect(conn, config)
+        bar.update(current.items)
 
 
 def _wake(config: Config) -> None:

@@ -73,6 +73,11 @@ class Config:
         """Touched by hosts after they record a change, so the worker sweeps at once."""
         return self.db_path.with_name(self.db_path.name + ".wake")
 
+    @property
+    def lock_file(self) -> Path:
+        """Held by the running worker: one worker per database."""
+        return self.db_path.with_name(self.db_path.name + ".worker.lock")
+
     def replace(self, **changes: object) -> Config:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

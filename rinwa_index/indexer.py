@@ -390,19 +390,11 @@ def index_item(
 def _batches(
     todo: list[tuple[str, Chunk]], size: int, token_budget: int
 ) -> list[list[tuple[str, Chunk]]]:
-    """Length-sorted batches bounded by count and by padded tokens (count × longest)."""
-    ordered = sorted(todo, key=lambda pair: pair[1].token_count)
-    batches: list[list[tuple[str, Chunk]]] = []
-    current: list[tuple[str, Chunk]] = []
-    for pair in ordered:
-        longest = max(pair[1].token_count, 1)
-        if current and (len(current) >= size or longest * (len(current) + 1) > token_budget):
-            batches.append(current)
-            current = []
-        current.append(pair)
-    if current:
-        batches.append(current)
-    return batches
+    """Length-sorted batches bounded by count and padded tokens (the embedder's own plan)."""
+    from .embedder import plan_batches
+
+    lengths = [max(chunk.token_count, 1) for _, chunk in todo]
+    return [[todo[i] for i in batch] for batch in plan_batches(lengths, size, token_budget)]
 
 
 def _ms(start: float) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from . import outbox
 from .config import Config
 from .errors import ChecksumMismatchError, ModelError, ModelNotInstalledError
+from .lock import worker_running
 from .models import Manifest, file_path, get_manifest, verify_model
 from .settings import active_signature, get_settings
 from .source import SOURCE_KEY_SQL
@@ -30,6 +31,7 @@ class Status:
     failed: int
     errors: dict[str, int]
     queue_depth: int
+    worker_running: bool
     chunks: int
     rate_items_per_s: float | None
     eta_s: float | None
@@ -37,6 +39,17 @@ class Status:
     def as_json(self) -> dict[str, object]:
         """A JSON-able dict."""
         return asdict(self)
+
+    @property
+    def caught_up(self) -> bool:
+        """Every item current for the settings in force, nothing pending."""
+        target = self.dense_current if self.enabled else self.sparse_current
+        return target >= self.items and self.pending == 0
+
+    @property
+    def stalled(self) -> bool:
+        """Work is pending but no worker runs to do it."""
+        return self.pending > 0 and not self.worker_running
 
 
 #: A cache: hashing a large model on every ``status --watch`` refresh would cost
@@ -137,6 +150,7 @@ def collect(conn: sqlite3.Connection, config: Config, *, now: float | None = Non
         failed=box.failed,
         errors=box.errors,
         queue_depth=queue_depth(config.queue_file),
+        worker_running=worker_running(config),
         chunks=chunks,
         rate_items_per_s=None if rate is None else round(rate, 2),
         eta_s=None if eta is None else round(eta),

@@ -73,15 +73,59 @@ def test_ingest_binary_file_is_a_clear_error(config: Config, tmp_path: Path) -> 
 def test_status_json_fields(config: Config, tmp_path: Path) -> None:
     run(config, "ingest", str(write_jsonl(tmp_path / "a.jsonl", [{"content": "alpha"}])))
     result = run(config, "status", "--json")
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     for key in (
         "enabled", "model", "model_state", "items", "sparse_current", "dense_current",
         "pending", "failed", "queue_depth",
     ):  # fmt: skip
         assert key in data
     assert (data["items"], data["pending"], data["enabled"]) == (1, 1, False)
-    assert data["model_state"] == "ready"
+    assert data["model_state"] == "ready" and data["worker_running"] is False
+    # work is pending and no worker runs: one sentence saying what to do, status 1
+    assert result.exit_code == 1
+    assert "no worker is running" in result.stderr and "rinwa-index worker" in result.stderr
+
+
+def test_status_is_clean_when_nothing_is_pending(config: Config) -> None:
+    connect(config.db_path).close()
+    result = run(config, "status", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["pending"] == 0
+
+
+def test_a_running_worker_is_seen_and_a_second_one_refused(config: Config, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from rinwa_index.lock import take_worker_lock, worker_running
+
+    connect(config.db_path).close()
+    held = take_worker_lock(config)
+    assert held is not None and worker_running(config)
+    env = {"RINWA_DB": str(config.db_path), "PATH": ""}
+    second = subprocess.run(
+        [sys.executable, "-m", "workers"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert second.returncode == 1 and "already running" in second.stderr
+    held.close()
+    assert not worker_running(config)
+
+
+def test_unwritable_database_is_one_sentence(
+    config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    import rinwa_index.settings as settings
+
+    connect(config.db_path).close()
+
+    def readonly(*_a: object, **_k: object) -> None:
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(settings, "update_settings", readonly)
+    result = run(config, "disable")
+    assert result.exit_code == 1
+    assert "not writable" in result.output and "Traceback" not in result.output
 
 
 def test_status_text_shows_failures_by_class(config: Config) -> None:
@@ -96,9 +140,9 @@ def test_status_text_shows_failures_by_class(config: Config) -> None:
 def test_enable_and_disable(config: Config) -> None:
     connect(config.db_path).close()
     assert run(config, "enable").exit_code == 0
-    assert json.loads(run(config, "status", "--json").output)["enabled"] is True
+    assert json.loads(run(config, "status", "--json").stdout)["enabled"] is True
     assert run(config, "disable").exit_code == 0
-    assert json.loads(run(config, "status", "--json").output)["enabled"] is False
+    assert json.loads(run(config, "status", "--json").stdout)["enabled"] is False
 
 
 def test_enable_a_model_that_is_not_installed(config: Config) -> None:

@@ -135,27 +135,33 @@ def test_edit_during_embedding_is_discarded_and_requeued(
 
 
 def test_previous_index_stays_visible_until_commit(db: sqlite3.Connection, config: Config) -> None:
-    update_settings(db, enabled=True)
+    """A slow re-index (here: dense search just enabled) keeps the old passages searchable."""
+    from rinwa_index.search import search
+
     put(db, 1, "Old passage about lighthouses.")
-    index_item(db, 1, config=config, embedder=fake())
-    put(db, 1, "New passage about windmills.")
+    index_item(db, 1, config=config)
+    old_key = chunk_rows(db, 1)[0]["chunk_key"]
+    update_settings(db, enabled=True)
+    outbox.record_item_changed(db, 1)
     reader = open_db(config.db_path)
     seen: list[str] = []
 
-    def look(_batch: list[str]) -> None:
-        seen.extend(r[0] for r in reader.execute("SELECT text FROM item_chunks WHERE item_id = 1"))
+    def look(_batch: list[str]) -> None:  # a search while the re-index is under way
+        seen.extend(p.chunk_key for p in search(reader, "lighthouses", mode="sparse").passages)
 
     index_item(db, 1, config=config, embedder=fake(look))
-    assert seen == ["Old passage about lighthouses."]
-    assert chunk_rows(db, 1)[0]["text"] == "New passage about windmills."
+    assert seen == [old_key]
+    assert chunk_rows(db, 1)[0]["embedding"] is not None
 
 
 def test_failed_inference_leaves_previous_rows(db: sqlite3.Connection, config: Config) -> None:
-    update_settings(db, enabled=True)
+    from rinwa_index.search import search
+
     put(db, 1, "Old passage about lighthouses.")
-    index_item(db, 1, config=config, embedder=fake())
+    index_item(db, 1, config=config)
     before = [tuple(r) for r in chunk_rows(db, 1)]
-    put(db, 1, "New passage about windmills.")
+    update_settings(db, enabled=True)
+    outbox.record_item_changed(db, 1)
 
     def boom(_batch: list[str]) -> None:
         raise RuntimeError("inference failed")
@@ -165,6 +171,19 @@ def test_failed_inference_leaves_previous_rows(db: sqlite3.Connection, config: C
     assert [tuple(r) for r in chunk_rows(db, 1)] == before
     assert fts_consistent(db)
     assert db.execute("SELECT COUNT(*) FROM index_outbox").fetchone()[0] == 1
+    found = search(db, "lighthouses", mode="sparse").passages
+    assert [p.text for p in found] == ["Old passage about lighthouses."]
+
+
+def test_stale_rows_are_not_served_while_an_edit_waits(
+    db: sqlite3.Connection, config: Config
+) -> None:
+    from rinwa_index.search import search
+
+    put(db, 1, "Old passage about lighthouses.")
+    index_item(db, 1, config=config)
+    put(db, 1, "New passage about windmills.")  # recorded, not yet indexed
+    assert search(db, "lighthouses", mode="sparse").passages == []
 
 
 def test_disabling_mid_embedding_cancels(db: sqlite3.Connection, config: Config) -> None:

@@ -113,3 +113,31 @@ def test_cli_worker_until_idle(config: Config, tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert done(config)
+
+
+@pytest.mark.slow
+def test_disabling_mid_backfill_cancels_and_enabling_resumes(
+    config: Config, tmp_path: Path
+) -> None:
+    from rinwa_index.settings import update_settings
+    from rinwa_index.status import collect
+
+    make_library(config, 150, dense=True)
+    log = tmp_path / "worker.log"
+    proc = start_worker(config, log)
+    conn = connect(config.db_path)
+    try:
+        assert wait_until(lambda: collect(conn, config).dense_current >= 10, 120)
+        update_settings(conn, enabled=False)
+        wake_worker(config)
+        assert wait_until(lambda: done(config), 120), log.read_text()[-3000:]
+        paused = collect(conn, config)
+        assert paused.sparse_current == 150 and paused.dense_current < 150
+        update_settings(conn, enabled=True)
+        wake_worker(config)
+        assert wait_until(lambda: done(config), 300), log.read_text()[-3000:]
+        assert collect(conn, config).dense_current == 150
+    finally:
+        conn.close()
+        kill(proc, signal.SIGTERM)
+    assert anomalies(config) == []

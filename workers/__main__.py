@@ -24,6 +24,8 @@ import structlog
 
 from rinwa_index import outbox
 from rinwa_index.db import connect
+from rinwa_index.errors import RinwaError
+from rinwa_index.lock import take_worker_lock
 from rinwa_index.logs import configure_logging
 
 from .app import CONFIG, STOP, enqueue_sweep, huey
@@ -72,7 +74,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until-idle", action="store_true", help="exit when nothing is pending")
     args = parser.parse_args(argv)
     configure_logging()
-    conn = connect(CONFIG.db_path, busy_timeout_ms=CONFIG.busy_timeout_ms)
+    lock = take_worker_lock(CONFIG)
+    if lock is None:
+        print(
+            "Another worker is already running for this database (its queue is locked); "
+            "stop it first, or point RINWA_DB at another database.",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        conn = connect(CONFIG.db_path, busy_timeout_ms=CONFIG.busy_timeout_ms, must_exist=True)
+    except RinwaError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
     huey.flush()  # the outbox is the truth; stale queue rows would be duplicates
     outbox.reset_queued(conn)
     conn.close()
