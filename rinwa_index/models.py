@@ -148,10 +148,11 @@ MINILM = Manifest(
     runtime_dtype="float32 (int8 weights folded at load)",
     weights="int8",
     tokenizer_id="bert-base-uncased wordpiece (all-MiniLM-L6-v2)",
-    # Measured (benchmarks/embed.py): 768 padded tokens per run keeps peak RSS under
-    # ~380 MB with the arena off; 4096 peaks near 1 GB and is no faster.
+    # Measured (benchmarks/embed.py): 512 padded tokens per run keeps peak RSS near
+    # 335 MB with the arena off (768 swung between 367 and 421 MB; 4096 peaks near
+    # 1 GB) and is no slower: on this CPU small batches run as fast per token.
     batch_size=32,
-    batch_tokens=768,
+    batch_tokens=512,
 )
 
 # The q4 export keeps its weights in an external-data file the graph finds by name, so

@@ -168,3 +168,18 @@ def test_reindex_and_retry_failed(config: Config, tmp_path: Path) -> None:
     assert "Re-queued 1 items" in run(config, "retry-failed").output
     assert "Queued 1 items" in run(config, "reindex", "1").output
     assert run(config, "reindex").exit_code == 2
+
+
+def test_enable_a_tampered_model_names_the_checksum(config: Config, tmp_path: Path) -> None:
+    from rinwa_index.models import install_from_dir
+
+    from .tinymodel import write_model_dir
+
+    install_from_dir(write_model_dir(tmp_path / "src"), config.model_dir)
+    connect(config.db_path).close()
+    onnx_file = next(config.model_dir.glob("tiny-768/*.onnx"))
+    onnx_file.write_bytes(onnx_file.read_bytes() + b"tampered")
+    result = run(config, "enable", "--model", "tiny-768")
+    assert result.exit_code == 1
+    assert "does not match its pinned checksums" in result.output
+    assert json.loads(run(config, "status", "--json").stdout)["enabled"] is False
