@@ -112,16 +112,11 @@ def show_searches(config: Config, echo: Echo) -> None:
         index.search(chinese, limit=3),
         titles,
     )
-    update_settings(index.conn, enabled=False)
+    update_settings(index.conn, enabled=False)  # what `rinwa-index disable` does
     first = queries["paraphrase"][0]["query"]  # type: ignore[index]
-    _show(
-        echo,
-        "8. The same queries with dense search off",
-        keyword,
-        index.search(keyword, limit=3),
-        titles,
-    )
-    _show(echo, "  ", first, index.search(first, limit=3), titles)
+    title = "8. Dense search off: keyword results only, and the reason"
+    _show(echo, title, keyword, index.search(keyword, limit=3), titles)
+    _show(echo, title, first, index.search(first, limit=3), titles)
     update_settings(index.conn, enabled=True)
     index.close()
     echo("\nDense search is on again. Try: rinwa-index --db "
