@@ -103,7 +103,7 @@ class Indexer:
     config: Config
     embedder_for: Callable[[Manifest], Embedder] | None = None
     should_stop: Callable[[], bool] = lambda: False
-    #: Fault-injection seam: called inside the swap transaction, before the writes.
+    #: Fault-injection seam: called inside the swap transaction, after the writes.
     in_swap: Callable[[int], None] | None = None
     _chunkers: dict[str, Chunker] = field(default_factory=dict)  # cache: one per signature
 
@@ -288,13 +288,13 @@ class Indexer:
                 plan.dense,
             ):
                 return False
-            if self.in_swap is not None:
-                self.in_swap(item_id)
             self.conn.execute("DELETE FROM item_chunks WHERE item_id = ?", (item_id,))
             self._insert_chunks(plan, chunks, vectors)
             self._store_cache(plan, embedded, vectors)
             self._store_state(plan, len(chunks))
             outbox.complete(self.conn, item_id, plan.seq)
+            if self.in_swap is not None:
+                self.in_swap(item_id)  # every write done, nothing committed yet
         return True
 
     def _insert_chunks(self, plan: Plan, chunks: list[Chunk], vectors: list[bytes | None]) -> None:

@@ -70,24 +70,53 @@ def test_a_running_worker_picks_up_host_changes_at_once(config: Config, tmp_path
 @pytest.mark.slow
 @pytest.mark.stress
 def test_sigkill_at_random_moments_loses_nothing(config: Config, tmp_path: Path) -> None:
-    """Kill -9 the consumer again and again (some runs hold each swap open so the kill
-    lands inside the transaction); the index never breaks and the work completes."""
+    """Kill -9 the consumer again and again: first while the library is indexed, then
+    while edited items are re-indexed; every third kill lands inside a swap transaction
+    on purpose. The index never breaks, and a final run completes the work."""
     make_library(config, 300, dense=True)
-    log = tmp_path / "worker.log"
+    log, mark = tmp_path / "worker.log", tmp_path / "in-swap"
     rng = random.Random(2026)
-    kills, found = 0, []
-    for round_ in range(14):
-        extra = {"RINWA_FAULT_SWAP_DELAY_S": "0.3"} if round_ % 3 == 2 else {}
-        proc = start_worker(config, log, **extra)
-        time.sleep(rng.uniform(0.8, 4.0))
+    kills, in_swap, edits, found = 0, 0, 0, []
+    for round_ in range(16):
+        if round_ == 4:  # from here on every job replaces rows that exist
+            assert run_until_idle(config, log, timeout=600) == 0
+        if round_ >= 4:
+            edits += edit_some(config, rng, 12)
+        if round_ % 3 == 2:
+            mark.unlink(missing_ok=True)
+            proc = start_worker(
+                config, log, RINWA_FAULT_SWAP_DELAY_S="2", RINWA_FAULT_SWAP_MARK=str(mark)
+            )
+            assert wait_until(mark.exists, 60, interval=0.02), log.read_text()[-2000:]
+            in_swap += 1
+        else:
+            proc = start_worker(config, log)
+            time.sleep(rng.uniform(0.5, 4.0))
         kill(proc)
         kills += 1
         found += anomalies(config)
     assert run_until_idle(config, log, timeout=600) == 0
     found += anomalies(config)
-    print(f"\nfault injection: {kills} SIGKILLs, 300 items, anomalies: {found or 'none'}")
+    print(
+        f"\nfault injection: {kills} SIGKILLs ({in_swap} inside the swap transaction), "
+        f"300 items, {edits} edits, anomalies: {found or 'none'}"
+    )
     assert found == []
     assert done(config)
+
+
+def edit_some(config: Config, rng: random.Random, count: int) -> int:
+    """Host edits to items that already have chunks: their next swap replaces rows."""
+    conn = connect(config.db_path)
+    ids = [r[0] for r in conn.execute("SELECT item_id FROM item_index_state")]
+    chosen = rng.sample(ids, min(count, len(ids)))
+    ingest_items(
+        conn,
+        [NewItem(item_id, "edited", f"Edited note {rng.random()} about harbors.", "")
+         for item_id in chosen],
+    )  # fmt: skip
+    conn.close()
+    return len(chosen)
 
 
 @pytest.mark.slow

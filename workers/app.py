@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from huey import SqliteHuey, crontab
 
@@ -34,10 +35,23 @@ STOP = threading.Event()
 
 
 def _fault_swap_delay() -> Callable[[int], None] | None:
-    """``RINWA_FAULT_SWAP_DELAY_S``: hold each swap transaction open that long, so the
-    restart tests can kill the worker inside it. Never set in production."""
+    """Fault injection for the restart tests; never set in production.
+
+    ``RINWA_FAULT_SWAP_DELAY_S`` holds each swap transaction open that long, and
+    ``RINWA_FAULT_SWAP_MARK`` names a file touched on entering it, so a test can
+    SIGKILL the worker exactly inside the transaction.
+    """
     delay = float(os.environ.get("RINWA_FAULT_SWAP_DELAY_S") or 0)
-    return (lambda _item_id: time.sleep(delay)) if delay > 0 else None
+    mark = os.environ.get("RINWA_FAULT_SWAP_MARK")
+    if delay <= 0:
+        return None
+
+    def hold(_item_id: int) -> None:
+        if mark:
+            Path(mark).touch()
+        time.sleep(delay)
+
+    return hold
 
 
 states = ThreadStates(
