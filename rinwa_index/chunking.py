@@ -42,6 +42,7 @@ import numpy as np
 from .config import ChunkParams
 from .errors import ChunkingError
 from .models import Manifest, load_tokenizer
+from .structure import Span, char_pieces, sentences, structure
 
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
@@ -52,21 +53,9 @@ _BATCH_CHARS = 1 << 18  # text per encode_batch call: bounds tokenizer memory, k
 _ADDITIVE = ("BertNormalizer", "BertPreTokenizer", "WordPiece")
 _POST = {"NoneType", "TemplateProcessing", "BertProcessing", "RobertaProcessing"}
 
-_BLANK_LINES = re.compile(r"\n(?:[^\S\n]*\n)+")
-_STRUCTURE_HINT = re.compile(r"(?m)^ {0,3}(?:#|=|-|```|~~~)")
-_FENCE = re.compile(r" {0,3}(?:```|~~~)")
-_ATX = re.compile(r" {0,3}(#{1,6})(?:[ \t]+(.*))?")
-_ATX_CLOSE = re.compile(r"(?:^|[ \t]+)#+$")
-_SETEXT = re.compile(r" {0,3}(=+|-+)[ \t]*")
-_SENTENCE_END = re.compile(
-    r"(?:[.!?]+[\"')\]’”»]*(?=\s)|[。！？；]+[」』”’）〕】]*|(?=[^\S\n]*\n))(\s*)"
-)
-_NON_SPACE = re.compile(r"\S")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 _Ints = np.ndarray  # token offsets (int64)
-#: (start, end, paragraph, heading path, is_heading) of a segment of the source.
-_Span = tuple[int, int, int, tuple[str, ...], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +217,7 @@ class _Run:
 
     def _units(self) -> Iterator[_Unit]:
         """Units in document order, encoded in bounded batches."""
-        batch: list[_Span] = []
+        batch: list[Span] = []
         size, prev_end = 0, -1
         for item in self._pieces():
             batch.append(item)
@@ -238,16 +227,16 @@ class _Run:
                 batch, size = [], 0
         yield from self._encode(batch, prev_end)
 
-    def _pieces(self) -> Iterator[_Span]:
+    def _pieces(self) -> Iterator[Span]:
         """Heading and body spans, bodies cut to at most ``max_chars`` characters."""
-        for start, end, para, path, heading in _structure(self.text):
+        for start, end, para, path, heading in structure(self.text):
             if heading or end - start <= self.c.max_chars:
                 yield start, end, para, path, heading
                 continue
-            for piece_start, piece_end in _char_pieces(self.text, start, end, self.c.max_chars):
+            for piece_start, piece_end in char_pieces(self.text, start, end, self.c.max_chars):
                 yield piece_start, piece_end, para, path, False
 
-    def _encode(self, batch: list[_Span], prev_end: int) -> Generator[_Unit, None, int]:
+    def _encode(self, batch: list[Span], prev_end: int) -> Generator[_Unit, None, int]:
         """Encode a batch of spans once; returns the end of the last unit yielded."""
         texts = [self.tok_text[start:end] for start, end, *_ in batch]
         encodings = self.c.tokenizer.encode_batch(texts, add_special_tokens=False)
@@ -268,7 +257,7 @@ class _Run:
     ) -> list[_Unit]:
         """Sentences of an over-long piece, counted from its offsets; windows for long ones."""
         starts, ends = _offsets(enc, start)
-        spans = _sentences(self.text, start, end)
+        spans = sentences(self.text, start, end)
         bounds = [*np.searchsorted(starts, [s for s, _ in spans]).tolist(), len(starts)]
         bounds[0] = 0
         clean = [True] + [self.clean(spans[i - 1][1], spans[i][0]) for i in range(1, len(spans))]
@@ -450,126 +439,6 @@ class _Packer:
         prev.units.extend(fresh)
         prev.tokens += self.new
         return True
-
-
-# -- structure ------------------------------------------------------------------------------
-
-
-def _structure(text: str) -> Iterator[_Span]:
-    """(start, end, paragraph, heading path, is_heading) of each non-blank segment."""
-    para, in_fence = -1, False
-    stack: list[tuple[int, str]] = []
-    path: tuple[str, ...] = ()
-    for block_start, block_end in _blocks(text):
-        span = _strip(text, block_start, block_end)
-        if span is None:
-            continue
-        para += 1
-        if not _STRUCTURE_HINT.search(text, block_start, span[1]):
-            yield span[0], span[1], para, path, False
-            continue
-        # Scan from the block's first line start so indentation rules see the real line.
-        segments, in_fence = _block_segments(text, block_start, span[1], in_fence)
-        for start, end, level, title in segments:
-            if level:
-                stack = [entry for entry in stack if entry[0] < level] + [(level, title)]
-                path = tuple(entry[1] for entry in stack)
-            stripped = _strip(text, start, end)
-            if stripped is not None:
-                yield stripped[0], stripped[1], para, path, bool(level)
-
-
-def _blocks(text: str) -> Iterator[tuple[int, int]]:
-    """Spans between blank lines (not yet stripped)."""
-    start = 0
-    for match in _BLANK_LINES.finditer(text):
-        yield start, match.start()
-        start = match.end()
-    yield start, len(text)
-
-
-def _block_segments(
-    text: str, start: int, end: int, in_fence: bool
-) -> tuple[list[tuple[int, int, int, str]], bool]:
-    """Split one block into (start, end, heading level or 0, title) segments by line."""
-    segments: list[tuple[int, int, int, str]] = []
-    body = -1  # start of the pending body lines, -1 when none
-    plain = True  # the pending body lines could form a setext heading
-    pos = start
-    while pos < end:
-        line_end = text.find("\n", pos, end)
-        line_end = end if line_end < 0 else line_end
-        line = text[pos:line_end].rstrip()
-        atx = None if in_fence else _ATX.fullmatch(line)
-        setext = None if in_fence or body < 0 or not plain else _SETEXT.fullmatch(line)
-        if atx or setext:
-            if atx and body >= 0:
-                segments.append((body, pos, 0, ""))
-            first = pos if atx else body
-            segments.append((first, line_end, *_heading_of(text, first, pos, atx, setext)))
-            body, plain = -1, True
-        else:
-            if _FENCE.match(line):
-                in_fence, plain = not in_fence, False
-            body = pos if body < 0 else body
-        pos = line_end + 1
-    if body >= 0:
-        segments.append((body, end, 0, ""))
-    return segments, in_fence
-
-
-def _heading_of(
-    text: str, first: int, underline: int, atx: re.Match | None, setext: re.Match | None
-) -> tuple[int, str]:
-    """The level and title of an ATX line or of setext lines above an underline."""
-    if atx:
-        title = _ATX_CLOSE.sub("", (atx.group(2) or "").strip())
-        return len(atx.group(1)), " ".join(title.split())
-    assert setext is not None
-    return (1 if setext.group(1)[0] == "=" else 2), " ".join(text[first:underline].split())
-
-
-def _sentences(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    """Stripped, non-empty sentence spans of ``text[start:end]``."""
-    cuts = [(m.start(1), m.end()) for m in _SENTENCE_END.finditer(text, start, end)]
-    return _between(text, start, end, cuts)
-
-
-def _char_pieces(text: str, start: int, end: int, size: int) -> list[tuple[int, int]]:
-    """Cut a long span into pieces of at most ``size`` characters.
-
-    Prefer the last sentence end, else the last white space, in the second half of
-    each window; a run with neither (one huge "word") is cut anywhere.
-    """
-    cuts, pos = [], start
-    while end - pos > size:
-        limit, half = pos + size, pos + size // 2
-        ends = [m.end() for m in _SENTENCE_END.finditer(text, half, limit) if m.end() < limit]
-        cut = ends[-1] if ends else max(text.rfind(ch, half, limit) for ch in " \n\t\u3000")
-        pos = cut if cut > pos else limit
-        cuts.append((pos, pos))
-    return _between(text, start, end, cuts)
-
-
-def _between(text: str, start: int, end: int, cuts: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Stripped non-empty spans between cuts, each cut being (end of one, start of next)."""
-    spans = []
-    for stop, resume in [*cuts, (end, end)]:
-        span = _strip(text, start, stop)
-        if span is not None:
-            spans.append(span)
-        start = resume
-    return spans
-
-
-def _strip(text: str, start: int, end: int) -> tuple[int, int] | None:
-    """``(start, end)`` without surrounding white space, or None if nothing is left."""
-    first = _NON_SPACE.search(text, start, end)
-    if first is None:
-        return None
-    while text[end - 1].isspace():
-        end -= 1
-    return first.start(), end
 
 
 def _pipeline(tokenizer: Tokenizer) -> tuple[bool, re.Pattern[str] | None]:

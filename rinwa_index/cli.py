@@ -347,30 +347,12 @@ def status(config: Config, as_json: bool, watch: bool) -> None:
         else:
             if watch:
                 click.clear()
-            click.echo(_format_status(current))
+            click.echo(current.as_text())
         if not watch:
             break
         time.sleep(2)
     if current.stalled:
         raise WorkerNotRunning(current.pending)
-
-
-def _format_status(s: Any) -> str:
-    errors = ", ".join(f"{name} ×{n}" for name, n in sorted(s.errors.items())) or "none"
-    eta = f"~{s.eta_s} s at {s.rate_items_per_s} items/s" if s.eta_s else "-"
-    return "\n".join(
-        [
-            f"dense search   {'on' if s.enabled else 'off'}",
-            f"worker         {'running' if s.worker_running else 'not running'}",
-            f"model          {s.model} ({s.model_state})",
-            f"items          {s.items}",
-            f"sparse-current {s.sparse_current}",
-            f"dense-current  {s.dense_current}",
-            f"pending        {s.pending} (parked for retry: {s.parked}, queued jobs: {s.queue_depth})",
-            f"failed         {s.failed} (errors: {errors})",
-            f"time left      {eta}",
-        ]
-    )
 
 
 @cli.command()

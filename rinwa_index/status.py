@@ -40,6 +40,25 @@ class Status:
         """A JSON-able dict."""
         return asdict(self)
 
+    def as_text(self) -> str:
+        """The at-a-glance block ``rinwa-index status`` prints."""
+        errors = ", ".join(f"{name} ×{n}" for name, n in sorted(self.errors.items())) or "none"
+        eta = f"~{self.eta_s} s at {self.rate_items_per_s} items/s" if self.eta_s else "-"
+        return "\n".join(
+            [
+                f"dense search   {'on' if self.enabled else 'off'}",
+                f"worker         {'running' if self.worker_running else 'not running'}",
+                f"model          {self.model} ({self.model_state})",
+                f"items          {self.items}",
+                f"sparse-current {self.sparse_current}",
+                f"dense-current  {self.dense_current}",
+                f"pending        {self.pending} (parked for retry: {self.parked}, "
+                f"queued jobs: {self.queue_depth})",
+                f"failed         {self.failed} (errors: {errors})",
+                f"time left      {eta}",
+            ]
+        )
+
     @property
     def caught_up(self) -> bool:
         """Every item current for the settings in force, nothing pending."""
