@@ -58,7 +58,7 @@ class Config:
     busy_timeout_ms: int = 5000
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 3600.0
-    requeue_stale_s: float = 3600.0
+    requeue_stale_s: float = 900.0
     cache_max_rows: int = 500_000
 
     @property

@@ -17,6 +17,7 @@ from workers.jobs import (
     group_by_priority,
     is_idle,
     is_transient,
+    release_all,
     run_group,
     run_job,
     sweep,
@@ -175,3 +176,12 @@ def test_switching_model_disposes_the_old_one(config: Config) -> None:
     assert first.closed and len(loaded) == 2
     state.close()
     assert loaded[-1].closed
+
+
+def test_release_all_clears_queued_marks(db: sqlite3.Connection, config: Config) -> None:
+    for item_id in (1, 2):
+        outbox.record_item_changed(db, item_id)
+    outbox.claim_due(db, limit=5, now=1.0)
+    state = WorkerState(config)
+    release_all(state, [1, 2])
+    assert db.execute("SELECT SUM(queued) FROM index_outbox").fetchone()[0] == 0

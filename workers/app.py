@@ -17,7 +17,14 @@ from huey import SqliteHuey, crontab
 
 from rinwa_index.config import Config
 
-from .jobs import ThreadStates, WorkerState, group_by_priority, run_group, sweep
+from .jobs import (
+    ThreadStates,
+    WorkerState,
+    group_by_priority,
+    release_all,
+    run_group,
+    sweep,
+)
 
 CONFIG = Config.from_env(os.environ)
 
@@ -68,7 +75,15 @@ def open_resources() -> None:
 @huey.task()
 def index_items(item_ids: list[int]) -> None:
     """Make a few items current, sharing embedding batches (or record why not)."""
-    run_group(states.get(), [int(i) for i in item_ids])
+    state = states.get()
+    ids = [int(i) for i in item_ids]
+    try:
+        run_group(state, ids)
+    except Exception:
+        # Even recording the outcome failed (say, the disk is full): give the rows
+        # back to the sweep so they are not left marked as queued.
+        release_all(state, ids)
+        raise
 
 
 @huey.periodic_task(crontab(minute="*"))

@@ -182,6 +182,15 @@ def run_group(state: WorkerState, item_ids: list[int]) -> list[IndexResult | Non
     return results
 
 
+def release_all(state: WorkerState, item_ids: list[int]) -> None:
+    """Best effort: clear the queued marks of ``item_ids`` (the sweep retries them)."""
+    for item_id in item_ids:
+        try:
+            outbox.release(state.conn, item_id, now=state.now())
+        except Exception as exc:  # the stale-mark reset in the sweep is the last resort
+            log.warning("item.release_failed", item_id=item_id, error=type(exc).__name__)
+
+
 def group_by_priority(claimed: list[tuple[int, int]], size: int) -> list[tuple[list[int], int]]:
     """Split claimed ``(item_id, priority)`` pairs into jobs of at most ``size`` items."""
     jobs: list[tuple[list[int], int]] = []
