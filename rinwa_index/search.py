@@ -43,6 +43,7 @@ from .errors import RinwaError
 from .models import Manifest, get_manifest
 from .settings import EmbeddingSettings, get_settings
 from .signature import build_signature
+from .source import SOURCE_KEY_SQL
 
 Mode = Literal["hybrid", "sparse", "dense"]
 Origin = Literal["sparse", "dense", "both"]
@@ -261,8 +262,8 @@ def _current_rows(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, _Ro
     items = sorted({row.item_id for row in rows})
     keys = dict(
         conn.execute(
-            "SELECT i.id, rinwa_source_key(i.content, i.content_hash, i.source_content,"
-            f" i.source_content_hash) FROM items i WHERE i.id IN ({','.join('?' * len(items))})",
+            f"SELECT i.id, {SOURCE_KEY_SQL} FROM items i"
+            f" WHERE i.id IN ({','.join('?' * len(items))})",
             items,
         ).fetchall()
     )

@@ -63,14 +63,18 @@ def source_key(
 
 #: The selector as SQL over an ``items`` row aliased ``i``.
 SOURCE_KEY_SQL = (
-    "rinwa_source_key(i.content, i.content_hash, i.source_content, i.source_content_hash)"
+    "rinwa_source_key(CAST(i.content AS BLOB), CAST(i.content_hash AS BLOB),"
+    " CAST(i.source_content AS BLOB), CAST(i.source_content_hash AS BLOB))"
 )
 
 
 def read_source(conn: sqlite3.Connection, item_id: int) -> Source | None:
     """The current source of ``item_id``, or None when the item does not exist."""
     row = conn.execute(
-        "SELECT content, content_hash, source_content, source_content_hash FROM items WHERE id = ?",
+        # As bytes: a host may have stored invalid UTF-8, which must be indexed (with
+        # U+FFFD), not crash the job; SOURCE_KEY_SQL reads the columns the same way.
+        "SELECT CAST(content AS BLOB), CAST(content_hash AS BLOB), CAST(source_content AS BLOB),"
+        " CAST(source_content_hash AS BLOB) FROM items WHERE id = ?",
         (item_id,),
     ).fetchone()
     if row is None:

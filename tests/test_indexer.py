@@ -273,3 +273,18 @@ def test_cache_garbage_collection_keeps_the_newest(db: sqlite3.Connection) -> No
     assert collect_garbage(db, 4) == 6
     kept = [r[0] for r in db.execute("SELECT text_hash FROM embedding_cache ORDER BY text_hash")]
     assert kept == ["h6", "h7", "h8", "h9"]
+
+
+def test_invalid_utf8_from_the_host_is_indexed_not_fatal(
+    db: sqlite3.Connection, config: Config
+) -> None:
+    from rinwa_index.search import search
+
+    db.execute(
+        "INSERT INTO items (id, content) VALUES (1, CAST(x'48656c6c6fff206865726f6e73' AS TEXT))"
+    )  # "Hello\xff herons": not UTF-8
+    outbox.record_item_changed(db, 1)
+    assert index_item(db, 1, config=config).outcome == "indexed"
+    assert "\ufffd" in chunk_rows(db, 1)[0]["text"]
+    assert [p.item_id for p in search(db, "herons", mode="sparse").passages] == [1]
+    assert outbox.reconcile(db, active_signature(db, config.chunk).hash, False, limit=5, now=1) == 0
