@@ -11,7 +11,7 @@ import pytest
 from rinwa_index import codec, outbox
 from rinwa_index.config import ChunkParams, Config
 from rinwa_index.embedder import FakeEmbedder
-from rinwa_index.errors import ModelError
+from rinwa_index.errors import ModelError, RinwaError
 from rinwa_index.indexer import Cancelled, Indexer, collect_garbage, index_item
 from rinwa_index.models import MINILM
 from rinwa_index.settings import active_signature, update_settings
@@ -288,3 +288,36 @@ def test_invalid_utf8_from_the_host_is_indexed_not_fatal(
     assert "\ufffd" in chunk_rows(db, 1)[0]["text"]
     assert [p.item_id for p in search(db, "herons", mode="sparse").passages] == [1]
     assert outbox.reconcile(db, active_signature(db, config.chunk).hash, False, limit=5, now=1) == 0
+
+
+HOSTILE = [
+    "",
+    " \n\t ",
+    "\x00\x01\x02 nul and control \x1b[31m characters \x7f",
+    "x" * 1_000_000,
+    "👩‍👩‍👧‍👦 family " * 2000,
+    "مرحبا بالعالم، هذا نص عربي من اليمين إلى اليسار. " * 200,
+    "混合 Chinese 和 English 的文本。" * 500,
+    "# only a heading",
+    "\n\n\n".join(["word"] * 20000),
+    "SELECT * FROM items; DROP TABLE items; -- ' \" NEAR( AND OR NOT *",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_text_is_indexed_or_recorded_never_half_written(
+    db: sqlite3.Connection, config: Config, text: str
+) -> None:
+    update_settings(db, enabled=True)
+    put(db, 1, text)
+    try:
+        result = index_item(db, 1, config=config, embedder=fake())
+    except RinwaError:  # a typed, recordable error is acceptable; nothing may be written
+        assert chunk_rows(db, 1) == []
+        return
+    assert result.outcome == "indexed"
+    rows = chunk_rows(db, 1)
+    assert all(text[r["char_start"] : r["char_end"]] == r["text"] for r in rows)
+    assert all(r["token_count"] <= MINILM.max_tokens and r["embedding"] for r in rows)
+    assert fts_consistent(db)
+    assert db.execute("SELECT name FROM sqlite_master WHERE name = 'items'").fetchone()
