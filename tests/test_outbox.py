@@ -10,12 +10,20 @@ import pytest
 from rinwa_index import outbox
 from rinwa_index.config import Config
 from rinwa_index.db import atomic
+from rinwa_index.source import read_source
 
 from .conftest import open_db
 
 
 def add_item(db: sqlite3.Connection, item_id: int, text: str = "hello") -> None:
     db.execute("INSERT OR REPLACE INTO items (id, content) VALUES (?, ?)", (item_id, text))
+
+
+def current_source(db: sqlite3.Connection, item_id: int) -> tuple[str, str]:
+    """The selector's (kind, hash) for an item, as the sweep computes it."""
+    chosen = read_source(db, item_id)
+    assert chosen is not None
+    return chosen.kind, chosen.hash
 
 
 def rows(db: sqlite3.Connection) -> list[tuple[object, ...]]:
@@ -126,11 +134,7 @@ def test_reconcile_finds_stale_and_vanished_items(db: sqlite3.Connection) -> Non
     add_item(db, 1, "one")
     add_item(db, 2, "two")
     add_item(db, 3, "three")
-    source_key = db.execute(
-        "SELECT rinwa_source_key(content, content_hash, source_content, source_content_hash)"
-        " FROM items WHERE id = 1"
-    ).fetchone()[0]
-    kind, digest = source_key.split(":")
+    kind, digest = current_source(db, 1)
     state = "INSERT INTO item_index_state VALUES (?, ?, ?, ?, ?, 1, 0)"
     db.execute(state, (1, kind, digest, "sig", 1))  # current
     db.execute(state, (2, kind, digest, "sig", 1))  # source changed since
@@ -145,11 +149,7 @@ def test_reconcile_finds_stale_and_vanished_items(db: sqlite3.Connection) -> Non
 
 def test_reconcile_sees_signature_and_dense_changes(db: sqlite3.Connection) -> None:
     add_item(db, 1, "one")
-    key = db.execute(
-        "SELECT rinwa_source_key(content, content_hash, source_content, source_content_hash)"
-        " FROM items"
-    ).fetchone()[0]
-    kind, digest = key.split(":")
+    kind, digest = current_source(db, 1)
     db.execute("INSERT INTO item_index_state VALUES (1, ?, ?, 'sig', 0, 1, 0)", (kind, digest))
     assert outbox.reconcile(db, "sig", False, limit=10, now=1.0) == 0
     assert outbox.reconcile(db, "other", False, limit=10, now=1.0) == 1
